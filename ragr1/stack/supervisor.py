@@ -81,6 +81,10 @@ class Supervisor:
                 )
 
     def start(self) -> Supervisor:
+        """Starts Redis and every service; a supervisor already started is returned as it is (so that
+        ``with start_stack(...) as s:`` neither starts twice nor leaves processes behind)."""
+        if self.redis is not None:
+            return self
         self.check_ports()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
