@@ -19,6 +19,11 @@ SERVICE = "ragr1.v1.Retriever"
 SHARD_SERVICE = "ragr1.v1.RetrieverShard"
 
 
+def shard_health_service(shard: int) -> str:
+    """The name under which the router's health service reports whether shard ``shard`` is ready."""
+    return f"{SHARD_SERVICE}/{shard}"
+
+
 def _search_request(
     queries: Sequence[str], top_k: int, groups: Sequence[int], dedup_within_group: bool, omit_text: bool
 ) -> retriever_pb2.SearchRequest:
@@ -65,6 +70,17 @@ class RetrieverClient:
             health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout
         )
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def shards_ready(self, timeout: float | None = None) -> list[bool]:
+        """Per shard, whether the router last saw it SERVING (its health service per shard)."""
+        num_shards = self.info(timeout).num_shards
+        ready = []
+        for shard in range(num_shards):
+            reply = self._health.Check(
+                health_pb2.HealthCheckRequest(service=shard_health_service(shard)), timeout=timeout or self.timeout
+            )
+            ready.append(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        return ready
 
     def close(self) -> None:
         self._channel.close()

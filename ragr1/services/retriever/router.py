@@ -201,18 +201,23 @@ class Router:
         validate(queries, top_k, groups, self.limits)
         metrics.QUERIES_PER_CALL.observe(len(queries))
         budget = self.default_timeout_s if timeout is None else min(timeout, self.default_timeout_s)
-        deadline = time.perf_counter() + budget - self.reply_margin_s
+        started = time.perf_counter()
+        deadline = started + budget - self.reply_margin_s
         try:
             embeddings = await asyncio.wait_for(self.embed(queries), max(deadline - time.perf_counter(), 0))
         except TimeoutError:
             raise DeadlineExceeded(
                 f"embedding {len(queries)} queries took longer than the {budget:.3f} s deadline"
             ) from None
+        embedded = time.perf_counter()
+        metrics.STAGE_SECONDS.labels("embed").observe(embedded - started)
         group_ids = list(groups) if groups else list(range(len(queries)))
         fetch = top_k * max(Counter(group_ids).values()) if dedup else top_k
         answers = await asyncio.gather(
             *(self._call_shard(i, embeddings, fetch, omit_text, deadline) for i in range(len(self.shards)))
         )
+        fanned_out = time.perf_counter()
+        metrics.STAGE_SECONDS.labels("fanout").observe(fanned_out - embedded)
         missing = tuple(i for i, a in enumerate(answers) if isinstance(a, str))
         if missing and (self.on_shard_failure == "unavailable" or len(missing) == len(self.shards)):
             reasons = "; ".join(f"shard {i}: {answers[i]}" for i in missing)
@@ -222,6 +227,7 @@ class Router:
         results = dedup_within_groups(merged, group_ids, top_k) if dedup else [m[:top_k] for m in merged]
         if missing:
             metrics.PARTIAL_RESPONSES.inc()
+        metrics.STAGE_SECONDS.labels("merge").observe(time.perf_counter() - fanned_out)
         return SearchResult(results, partial=bool(missing), missing_shards=missing)
 
     async def _call_shard(
