@@ -176,6 +176,10 @@ def test_router_exports_its_metrics(cluster: dict) -> None:
         'ragr1_retriever_batch_wait_seconds_count{stage="embed"}',
         'ragr1_retriever_batch_rows_count{stage="embed"}',
         "ragr1_retriever_queries_per_call_count",
+        'ragr1_retriever_stage_seconds_count{stage="embed"}',
+        'ragr1_retriever_stage_seconds_count{stage="fanout"}',
+        'ragr1_retriever_stage_seconds_count{stage="merge"}',
+        'ragr1_retriever_shard_ready{shard="1"} 1.0',
     ]:
         assert sample in text, sample
 
@@ -229,9 +233,9 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
     index_dirs: dict[int, Path], tmp_path: Path, processes: list[ServiceProcess], encoder: Encoder
 ) -> None:
     shards = start_shards(index_dirs[2], 2, tmp_path, processes)
-    grpc_target = start_router(index_dirs[2], shards, tmp_path, processes, "--on-shard-failure", "partial")[
-        "grpc"
-    ]
+    grpc_target = start_router(
+        index_dirs[2], shards, tmp_path, processes, "--on-shard-failure", "partial", "--shard-health-interval-s", "0.2"
+    )["grpc"]
     victim = processes[1].process
     assert victim is not None
     deadline = 5.0  # generous: on a busy 2-core host embedding alone can take a second or more
@@ -244,6 +248,13 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
 
     with RetrieverClient(grpc_target) as client:
         assert not client.search(QUERIES, 3).partial
+        assert client.shards_ready() == [True, True]
+    shard_metrics = f"http://127.0.0.1:{processes[0].wait_ready(10, 'retriever-shard-0')['metrics']}/metrics"
+    with urllib.request.urlopen(shard_metrics, timeout=10) as reply:
+        text = reply.read().decode()
+    assert "ragr1_retriever_shard_index_mmap 1.0" in text
+    ready_s = float(text.split("ragr1_retriever_shard_time_to_ready_seconds ")[1].split()[0])
+    assert 0 < ready_s < 120
     with ThreadPoolExecutor(8) as pool:
         victim.send_signal(signal.SIGSTOP)  # late: connected, never answers
         late = list(pool.map(call, range(8)))
@@ -253,6 +264,12 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
     for elapsed, partial, missing in late + down:
         assert elapsed < deadline + 1.0
         assert partial and missing == [1]
+    # The router's health tells which shard is gone.
+    with RetrieverClient(grpc_target) as client:
+        until = time.monotonic() + 10
+        while client.shards_ready() != [True, False] and time.monotonic() < until:
+            time.sleep(0.1)
+        assert client.shards_ready() == [True, False]
 
     async def unavailable_mode() -> None:
         clients = [AsyncShardClient(t) for t in shards]

@@ -90,6 +90,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     store = PassageStore(args.store)
     settings = preset(DEFAULT_ENCODER, args.measure_backend)
+    if args.max_passage_tokens:
+        settings = dataclasses.replace(settings, max_passage_tokens=args.max_passage_tokens)
     vectors = embed_store(store, settings, embeddings_cache_dir(store, settings)).rows(0, len(store))
     queries = Encoder(settings, device="cpu").encode_queries(all_questions()[: args.queries])
     compressed = [IndexSpec(t, pq_m=args.recall_pq_m, hnsw_m=args.hnsw_m) for t in kinds if t != "flat"]
@@ -200,6 +202,9 @@ def register(commands: Any, serve: Any) -> None:
     )
     planner.add_argument("--store", type=Path, default=None, help="passage store to measure recall on")
     planner.add_argument("--queries", type=int, default=500, help="questions to measure recall with")
+    planner.add_argument(
+        "--max-passage-tokens", type=int, default=0, help="passage length when embedding --store (0: preset's)"
+    )
     planner.add_argument("--k", type=int, default=10, help="top-k compared")
     planner.add_argument(
         "--recall-pq-m", type=int, default=48, help="ivfpq bytes per vector when measuring (must divide 384)"

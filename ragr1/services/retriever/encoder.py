@@ -110,9 +110,14 @@ PRESETS: dict[str, EncoderSettings] = {
 
 
 def preset(name: str, backend: str = DEFAULT_BACKEND) -> EncoderSettings:
-    """The preset of that name on ``backend``; any other name is a model with mean pooling, no prefixes."""
-    base = PRESETS.get(name, EncoderSettings(name, pooling="mean"))
-    return dataclasses.replace(base, backend=backend)
+    """The preset of that name on ``backend``. A local copy of a preset's model is known by its folder
+    name (``/models/bge-large-en-v1.5`` gets BGE's CLS pooling and query instruction); any other name is
+    a model with mean pooling and no prefixes."""
+    folder = Path(name).name
+    base = PRESETS.get(name) or next(
+        (dataclasses.replace(p, name=name) for key, p in PRESETS.items() if key.split("/")[-1] == folder), None
+    )
+    return dataclasses.replace(base or EncoderSettings(name, pooling="mean"), backend=backend)
 
 
 def settings_from_dict(data: dict[str, Any]) -> EncoderSettings:
