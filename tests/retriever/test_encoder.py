@@ -31,10 +31,13 @@ def test_the_default_backend_is_close_to_float32_torch(encoder: Encoder, questio
     assert cosine.mean() > 0.985 and cosine.min() > 0.97, (cosine.mean(), cosine.min())
     norms = np.linalg.norm(encoder.encode_queries(sample[:3]), axis=1)
     np.testing.assert_allclose(norms, 1.0, atol=1e-5)
-    # One query alone or in a batch: the same vector (padding must not leak into mean pooling).
+    # One query alone or in a batch. float32: the same vector (padding must not leak into mean pooling).
+    # int8: activations are quantised per tensor, so a query's scale depends on the rows batched with it.
+    onnx = Encoder(preset(DEFAULT_ENCODER, "onnx"), device="cpu")
+    assert float(onnx.encode_queries(sample[:1])[0] @ onnx.encode_queries(sample[:5])[0]) > 0.9999
     alone = encoder.encode_queries(sample[:1])[0]
     batched = encoder.encode_queries(sample[:5])[0]
-    assert float(alone @ batched) > 0.9999
+    assert float(alone @ batched) > 0.99
 
 
 def test_settings_validate_and_torch_keeps_its_old_cache_key() -> None:
@@ -96,3 +99,14 @@ def test_a_manifest_from_before_backends_loads_as_torch(index_dirs: dict[int, Pa
     loaded = LoadedManifest(tmp_path)
     assert loaded.manifest.encoder.backend == "torch" and loaded.encoder_dir() is None
     assert loaded.manifest.shards[0].bytes == 0  # unknown: the size check is skipped, not failed
+
+
+def test_length_sorted_chunks_give_the_vectors_of_one_padded_batch(questions: list[str]) -> None:
+    # float32: chunking only changes the padding, which masked attention and mean pooling ignore.
+    chunked = Encoder(preset(DEFAULT_ENCODER, "onnx"), device="cpu", chunk_rows=4)
+    whole = Encoder(preset(DEFAULT_ENCODER, "onnx"), device="cpu", chunk_rows=0)
+    sample = questions[:23]  # not a multiple of the chunk: the last chunk is short
+    np.testing.assert_allclose(chunked.encode_queries(sample), whole.encode_queries(sample), atol=1e-5)
+    # Passages go through the same path, in several batches of batch_size.
+    chunked.batch_size = whole.batch_size = 8
+    np.testing.assert_allclose(chunked.encode_passages(sample), whole.encode_passages(sample), atol=1e-5)

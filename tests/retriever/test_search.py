@@ -173,3 +173,38 @@ def test_query_cache_skips_the_encoder_for_repeated_queries(
     first, second = asyncio.run(run())
     assert [h.id for h in first.results[1]] == [h.id for h in second.results[0]]
     assert [h.id for h in first.results[0]] == [h.id for h in first.results[2]]
+
+
+def test_an_idle_router_splits_one_call_among_its_encoder_workers(
+    index_dirs: dict[int, Path], encoder: Encoder
+) -> None:
+    questions = ["Neil Peart", "Which band released Counterparts?", "Jeff Porcaro", "Toto"]
+
+    async def run(split: bool, cache: int) -> tuple[list[list[str]], list[int]]:
+        counting = CountingQueries(encoder)
+        sizes: list[int] = []
+
+        class Recording:
+            def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+                sizes.append(len(queries))
+                return counting.encode_queries(queries)
+
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        router = Router(
+            Recording(), [LocalShard(searcher)], embed_workers=2, embed_split_when_idle=split,
+            query_cache_size=cache,
+        )
+        try:
+            reply = await router.search(questions, 5)
+            return [[h.id for h in hits] for hits in reply.results], sizes
+        finally:
+            await router.aclose()
+            await searcher.aclose()
+
+    whole, sizes = asyncio.run(run(False, 0))
+    assert sizes == [4]
+    for cache in (0, 10):
+        split, sizes = asyncio.run(run(True, cache))
+        assert sorted(sizes) == [2, 2]  # two idle workers, two queries each
+        # int8 activations are scaled per batch: a rare near-tie may swap places, never more.
+        assert all(len(set(a) & set(b)) >= 4 for a, b in zip(split, whole, strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -253,7 +254,7 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
     with urllib.request.urlopen(shard_metrics, timeout=10) as reply:
         text = reply.read().decode()
     assert "ragr1_retriever_shard_index_mmap 1.0" in text
-    ready_s = float(text.split("ragr1_retriever_shard_time_to_ready_seconds ")[1].split()[0])
+    ready_s = float(re.search(r"^ragr1_retriever_shard_time_to_ready_seconds (\S+)$", text, re.M)[1])  # type: ignore[index]
     assert 0 < ready_s < 120
     with ThreadPoolExecutor(8) as pool:
         victim.send_signal(signal.SIGSTOP)  # late: connected, never answers

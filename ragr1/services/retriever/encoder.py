@@ -50,6 +50,8 @@ ONNX_MODEL_FILE = "model.onnx"
 EXPORT_META_FILE = "export.json"
 # Bumped when the export itself changes (graph, quantisation), so that caches of the old one are not used.
 EXPORT_VERSION = 1
+# Rows per length-sorted chunk when an ONNX backend runs on the CPU (see _OnnxRunner.run).
+ONNX_CHUNK_ROWS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,18 +312,34 @@ class _OnnxRunner:
         )
         self.dim = int(self.session.get_outputs()[0].shape[1])
 
-    def run(self, texts: Sequence[str], max_tokens: int) -> np.ndarray:
-        # As sentence-transformers' Transformer.tokenize: stripped, padded to the longest, truncated.
+    def run(self, texts: Sequence[str], max_tokens: int, chunk_rows: int = 0) -> np.ndarray:
+        """Embeddings of ``texts``. With ``chunk_rows``, the texts are sorted by token count and run in
+        chunks of that many rows, each padded only to its own longest: on a CPU the work grows with
+        padded tokens, and a micro-batch of 48 questions (13 to 43 tokens) runs 1.9x faster in sorted
+        chunks of 8 than as one batch padded to 43."""
+        # As sentence-transformers' Transformer.tokenize: stripped, truncated, padded to the longest.
         with self._lock:
-            arrays = self.tokenizer(
-                [t.strip() for t in texts],
-                padding=True,
-                truncation="longest_first",
-                max_length=max_tokens,
-                return_tensors="np",
+            encoded = self.tokenizer(
+                [t.strip() for t in texts], padding=False, truncation="longest_first", max_length=max_tokens
             )
-        feed = {name: np.asarray(arrays[name], dtype=np.int64) for name in self.inputs}
-        return np.asarray(self.session.run(None, feed)[0], dtype=np.float32)
+        ids: list[list[int]] = encoded["input_ids"]
+        order = np.argsort([len(x) for x in ids], kind="stable") if chunk_rows else np.arange(len(ids))
+        step = chunk_rows or max(len(ids), 1)
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        pad = self.tokenizer.pad_token_id or 0
+        for start in range(0, len(ids), step):
+            rows = order[start : start + step]
+            width = max(len(ids[i]) for i in rows)
+            feed = {}
+            for name in self.inputs:
+                fill = pad if name == "input_ids" else 0
+                array = np.full((len(rows), width), fill, dtype=np.int64)
+                for j, i in enumerate(rows):
+                    values = encoded[name][i]
+                    array[j, : len(values)] = values
+                feed[name] = array
+            out[rows] = self.session.run(None, feed)[0]
+        return out
 
 
 class Encoder:
@@ -329,7 +347,9 @@ class Encoder:
 
     ``export_dir`` is where an ONNX backend's export is (an index's ``encoder/`` directory); without
     it the export is taken from the cache, made there on first use. ``threads`` is the number of CPU
-    threads one encode call may use (0: the runtime's default, every core).
+    threads one encode call may use (0: the runtime's default, every core). ``chunk_rows``: an ONNX
+    backend runs a batch as length-sorted chunks of this many rows (0: the batch as it comes), on CPUs
+    only: a GPU wants the whole batch at once.
     """
 
     def __init__(
@@ -340,14 +360,18 @@ class Encoder:
         batch_size: int = 64,
         export_dir: Path | None = None,
         threads: int = 0,
+        chunk_rows: int = ONNX_CHUNK_ROWS,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.settings = settings
+        self.chunk_rows = chunk_rows
         self.device = pick_device(device) if settings.backend == "torch" else _onnx_device(device)
         self.batch_size = batch_size
         self._onnx: _OnnxRunner | None = None
         if settings.backend != "torch":
             self._onnx = _OnnxRunner(export_dir or ensure_export(settings), settings, self.device, threads)
+            if self.device != "cpu":
+                self.chunk_rows = 0
             self.dim = self._onnx.dim
             return
         from sentence_transformers import SentenceTransformer, models  # type: ignore[attr-defined]
@@ -382,7 +406,7 @@ class Encoder:
 
     def _encode_onnx(self, runner: _OnnxRunner, texts: Sequence[str], max_tokens: int, progress: bool) -> np.ndarray:
         if len(texts) <= self.batch_size:
-            return runner.run(texts, max_tokens)
+            return runner.run(texts, max_tokens, self.chunk_rows)
         # Longest first, as sentence-transformers does: batches of similar lengths pad least.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -390,7 +414,7 @@ class Encoder:
 
         for start in tqdm(range(0, len(texts), self.batch_size), disable=not progress, desc="batches"):
             rows = order[start : start + self.batch_size]
-            out[rows] = runner.run([texts[i] for i in rows], max_tokens)
+            out[rows] = runner.run([texts[i] for i in rows], max_tokens, self.chunk_rows)
         return out
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:

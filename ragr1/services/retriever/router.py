@@ -117,6 +117,7 @@ class Router:
         embed_batch_rows: int = 256,
         embed_wait_s: float = 0.002,
         embed_workers: int = 1,
+        embed_split_when_idle: bool = False,
         query_cache_size: int = 0,
     ) -> None:
         if on_shard_failure not in FAILURE_MODES:
@@ -140,6 +141,7 @@ class Router:
             name="embed",
             on_batch=metrics.batch_observer("embed"),
             workers=embed_workers,
+            split_when_idle=embed_split_when_idle,
         )
 
     def _embed_batch(self, calls: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -149,6 +151,13 @@ class Router:
         bounds = np.cumsum([0, *(len(c) for c in calls)])
         return [vectors[a:b] for a, b in itertools.pairwise(bounds)]
 
+    async def _embed_rows(self, queries: list[str]) -> np.ndarray:
+        """Each query submitted on its own, so that an idle encoder can split even one call's queries."""
+        if len(queries) == 1 or not self._embedder.split_when_idle:
+            return await self._embedder.submit(queries, rows=len(queries))
+        rows = await asyncio.gather(*(self._embedder.submit([q], rows=1) for q in queries))
+        return np.concatenate(rows)
+
     async def embed(self, queries: Sequence[str]) -> np.ndarray:
         """Query embeddings, computed in one encoder batch with other concurrent calls' queries.
 
@@ -157,7 +166,7 @@ class Router:
         """
         unique = list(dict.fromkeys(queries))
         if self._cache.size <= 0:
-            rows = await self._embedder.submit(unique, rows=len(unique))
+            rows = await self._embed_rows(unique)
             found = dict(zip(unique, rows, strict=True))
             return np.stack([found[q] for q in queries])
         found = {}
@@ -172,7 +181,7 @@ class Router:
             else:
                 fresh.append(q)
         if fresh:
-            task = asyncio.ensure_future(self._embedder.submit(fresh, rows=len(fresh)))
+            task = asyncio.ensure_future(self._embed_rows(fresh))
             for i, q in enumerate(fresh):
                 self._inflight[q] = waiting[q] = (task, i)
             task.add_done_callback(lambda t, batch=fresh: self._settle(t, batch))  # type: ignore[misc]

@@ -171,6 +171,7 @@ async def run_router(config: RouterConfig) -> None:
         embed_batch_rows=config.max_batch_rows,
         embed_wait_s=config.max_wait_ms / 1000,
         embed_workers=config.encoder_workers,
+        embed_split_when_idle=config.encoder_split_when_idle,
         query_cache_size=config.query_cache_size,
     )
     await router.embed(["warm-up"])
