@@ -10,13 +10,16 @@ an exact flat index, and prints ratios against baselines measured in the same ru
    float32 torch, and single-thread encode latency of 1 and 3 questions;
 2. compressed index types: top-10 overlap of IVF-PQ and HNSW with exact search;
 3. time to ready: a shard process with its index memory-mapped against read whole, and opening a
-   flat index of ``--ready-rows`` vectors (the slice's real embeddings repeated) both ways;
+   flat index of ``--ready-rows`` vectors (the slice's real embeddings repeated) both ways, then its
+   first search (which pages a memory-mapped flat index in);
 4. load: a Search-R1-style server (a thread per request, each embedding its own queries with float32
    torch and searching on its own) against the router + shard processes over gRPC with the fast
    encoder, at each concurrency level (asyncio clients, calls of 3 questions back to back for
    ``--seconds``): calls/s, queries/s, p50/p99, errors, and the router's time per call split into
-   embedding, fan-out and merging (from its Prometheus metrics); the in-process ceiling of the same
-   encoder and index; 3-question against 1-question call latency at 1 client; the query cache.
+   embedding, fan-out and merging (from its Prometheus metrics); at the first level, ``--rounds`` rounds
+   of baseline, retriever and the in-process ceiling of the same encoder and index in turn, with the
+   ratios per round and their median; 3-question against 1-question call latency at 1 client; the
+   query cache.
 
 Embeddings come from the cache that ``ragr1 index build`` keeps, so only the first run embeds.
 All traffic stays on loopback; every measurement is bounded in time.

@@ -30,7 +30,10 @@ def test_wikipedia_values_shard_flat_bge_large_over_eight_gpus(objects: dict) ->
     build = index_job(objects)["spec"]["template"]["spec"]["containers"][0]
     _, index = ragr1_invocations(build["command"] + build.get("args", []))
     assert (arg(index, "--index-type"), arg(index, "--encoder"), arg(index, "--encoder-backend")) == (
-        "flat", "/models/bge-large-en-v1.5", "torch")
+        "flat",
+        "/models/bge-large-en-v1.5",
+        "torch",
+    )
     router = container(objects, "Deployment", "retriever")
     assert arg(router["args"], "--device") == "cuda"
     # A torch-backend index names its encoder by its directory: the router must see /models.

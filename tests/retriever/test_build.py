@@ -75,9 +75,7 @@ def test_manifest_describes_the_build(
 def test_compressed_indexes_find_most_of_the_exact_neighbours(
     store: PassageStore, settings: EncoderSettings, tmp_path: Path
 ) -> None:
-    vectors = embed_store(store, settings, embeddings_cache_dir(store, settings), progress=False).rows(
-        0, len(store)
-    )
+    vectors = embed_store(store, settings, embeddings_cache_dir(store, settings), progress=False).rows(0, len(store))
     queries = vectors[::20]
     _, exact = faiss_index.build(faiss, vectors, faiss_index.IndexSpec("flat"), False).search(queries, 10)
     # 4-bit codes: this faiss-cpu build trains 8-bit PQ codebooks slowly (minutes for 2,000 vectors).
@@ -96,9 +94,7 @@ def test_compressed_indexes_find_most_of_the_exact_neighbours(
         np.testing.assert_array_equal(mapped.search(queries, 10)[1], found)
 
 
-def test_shard_refuses_files_that_do_not_match_the_manifest(
-    index_dirs: dict[int, Path], tmp_path: Path
-) -> None:
+def test_shard_refuses_files_that_do_not_match_the_manifest(index_dirs: dict[int, Path], tmp_path: Path) -> None:
     loaded = LoadedManifest(index_dirs[2])
     shard_file = loaded.shard_path(1)
     original = shard_file.read_bytes()

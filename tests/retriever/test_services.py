@@ -92,16 +92,12 @@ GENERATED_CLIENT = textwrap.dedent("""
 """)
 
 
-def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(
-    cluster: dict, tmp_path: Path
-) -> None:
+def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(cluster: dict, tmp_path: Path) -> None:
     from grpc_tools import protoc
 
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in (PROTO_DIR / "ragr1" / "v1").glob("*.proto"))
     assert (
-        protoc.main(
-            ["protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos]
-        )
+        protoc.main(["protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos])
         == 0
     )
     for package in ("ragr1", "ragr1/v1"):  # regular packages, so that they win over the installed ragr1
@@ -122,9 +118,7 @@ def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(
     assert generated["shards"] == 2
     assert [len(ids) for ids in generated["ids"]] == [3, 3, 3]
 
-    status, body = post(
-        cluster["http"], json.dumps({"queries": QUERIES, "topk": 3, "return_scores": True}).encode()
-    )
+    status, body = post(cluster["http"], json.dumps({"queries": QUERIES, "topk": 3, "return_scores": True}).encode())
     assert status == 200
     assert [[d["document"]["id"] for d in r] for r in body["result"]] == generated["ids"]
     top = body["result"][0][0]

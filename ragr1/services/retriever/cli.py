@@ -160,9 +160,7 @@ def register(commands: Any, serve: Any) -> None:
         default=DEFAULT_ENCODER,
         help=f"preset ({', '.join(PRESETS)}) or a model directory [default: {DEFAULT_ENCODER}]",
     )
-    build.add_argument(
-        "--max-passage-tokens", type=int, default=0, help="override the preset's passage length"
-    )
+    build.add_argument("--max-passage-tokens", type=int, default=0, help="override the preset's passage length")
     build.add_argument(
         "--encoder-backend",
         choices=BACKENDS,
@@ -197,9 +195,7 @@ def register(commands: Any, serve: Any) -> None:
     planner.add_argument("--nlist", type=int, default=65536, help="ivfpq: inverted lists")
     planner.add_argument("--hnsw-m", type=int, default=defaults.hnsw_m, help="hnsw: neighbours per node")
     planner.add_argument("--encode-rate", type=float, default=0.0, help="passages/s (e.g. of your GPUs)")
-    planner.add_argument(
-        "--measure-backend", choices=BACKENDS, default=DEFAULT_BACKEND, help="backend measured here"
-    )
+    planner.add_argument("--measure-backend", choices=BACKENDS, default=DEFAULT_BACKEND, help="backend measured here")
     planner.add_argument("--store", type=Path, default=None, help="passage store to measure recall on")
     planner.add_argument("--queries", type=int, default=500, help="questions to measure recall with")
     planner.add_argument(

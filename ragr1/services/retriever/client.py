@@ -37,9 +37,7 @@ def _search_request(
 
 
 class RetrieverClient:
-    def __init__(
-        self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S
-    ) -> None:
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._options = options or ChannelOptions()
         self._channel = open_channel(target, self._options)
         self._stub = retriever_pb2_grpc.RetrieverStub(self._channel)
@@ -66,9 +64,7 @@ class RetrieverClient:
 
     def health(self, timeout: float | None = None) -> bool:
         """True when the router reports SERVING."""
-        reply = self._health.Check(
-            health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout
-        )
+        reply = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout)
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
     def shards_ready(self, timeout: float | None = None) -> list[bool]:
@@ -93,9 +89,7 @@ class RetrieverClient:
 
 
 class AsyncRetrieverClient:
-    def __init__(
-        self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S
-    ) -> None:
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._options = options or ChannelOptions()
         self._channel = open_aio_channel(target, self._options)
         self._stub = retriever_pb2_grpc.RetrieverStub(self._channel)
@@ -113,9 +107,7 @@ class AsyncRetrieverClient:
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
         request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return await self._stub.Search(
-            request, timeout=timeout or self.timeout, metadata=self._options.metadata()
-        )
+        return await self._stub.Search(request, timeout=timeout or self.timeout, metadata=self._options.metadata())
 
     async def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
         return await self._stub.Info(
@@ -143,9 +135,7 @@ class AsyncRetrieverClient:
 class AsyncShardClient:
     """One shard over gRPC, as the router's ``ShardBackend``."""
 
-    def __init__(
-        self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S
-    ) -> None:
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.target = target
         self._options = options or ChannelOptions()
         self._channel = open_aio_channel(target, self._options)

@@ -41,9 +41,7 @@ class ShardConfig(ServerConfig):
 class RouterConfig(ServerConfig):
     port: int = setting(ports.RETRIEVER, "gRPC port")
     index: str = setting("", "index directory or its manifest.json: gives the encoder and index facts")
-    shards: list[str] = setting(
-        list, "shard addresses host:port, in shard order (comma-separated)", factory=True
-    )
+    shards: list[str] = setting(list, "shard addresses host:port, in shard order (comma-separated)", factory=True)
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")
     max_queries: int = setting(512, "most queries in one call")

@@ -100,9 +100,7 @@ class LoadedManifest:
         self.sha256 = hashlib.sha256(raw).hexdigest()
         data: dict[str, Any] = json.loads(raw)
         if data.get("version") != MANIFEST_VERSION:
-            raise ManifestMismatch(
-                f"{path}: manifest version {data.get('version')}, expected {MANIFEST_VERSION}"
-            )
+            raise ManifestMismatch(f"{path}: manifest version {data.get('version')}, expected {MANIFEST_VERSION}")
         self.manifest = Manifest(
             encoder=settings_from_dict(data["encoder"]),
             dim=int(data["dim"]),
@@ -197,6 +195,4 @@ class LoadedManifest:
                 f"{entry.end - entry.start} (rows {entry.start}..{entry.end})"
             )
         if dim != self.manifest.dim:
-            raise ManifestMismatch(
-                f"shard {shard}: index dimension {dim}, the manifest says {self.manifest.dim}"
-            )
+            raise ManifestMismatch(f"shard {shard}: index dimension {dim}, the manifest says {self.manifest.dim}")

@@ -90,9 +90,7 @@ class QueryEncoder(Protocol):
 
 
 class ShardBackend(Protocol):
-    async def search(
-        self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float
-    ) -> list[list[Hit]]:
+    async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list[list[Hit]]:
         """Best-first hits per embedding row; must give up after ``timeout`` seconds."""
         ...
 
@@ -249,9 +247,7 @@ class Router:
             return "no time left before the deadline"
         started = time.perf_counter()
         try:
-            hits = await asyncio.wait_for(
-                self.shards[shard].search(embeddings, top_k, omit_text, remaining), remaining
-            )
+            hits = await asyncio.wait_for(self.shards[shard].search(embeddings, top_k, omit_text, remaining), remaining)
         except TimeoutError:
             metrics.SHARD_ERRORS.labels(str(shard), "deadline").inc()
             return f"no answer within {remaining:.3f} s"

@@ -150,9 +150,7 @@ async def run_router(config: RouterConfig) -> None:
     manifest = _manifest(config.index)
     m = manifest.manifest
     if len(config.shards) != m.num_shards:
-        raise ValueError(
-            f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)"
-        )
+        raise ValueError(f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)")
     shards = [AsyncShardClient(target) for target in config.shards]
     await check_shards(shards, manifest, config.shard_wait_s)
     limits = Limits(config.max_queries, config.max_query_chars, config.max_top_k)

@@ -106,11 +106,7 @@ class ShardSearcher:
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         scores, rows = await self._batcher.submit((embeddings, top_k), rows=len(embeddings))
         return [
-            [
-                self._hit(int(row), float(score), omit_text)
-                for score, row in zip(s, r, strict=True)
-                if row >= 0
-            ]
+            [self._hit(int(row), float(score), omit_text) for score, row in zip(s, r, strict=True) if row >= 0]
             for s, r in zip(scores, rows, strict=True)
         ]
 
