@@ -87,3 +87,13 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("RAGR1_CACHE_DIR", ROOT / ".cache"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def all_questions() -> list[str]:
+    """Every distinct question of the shipped training and evaluation sets, in file order."""
+    paths = [train_path(n) for n in TRAIN_SETS] + [eval_path(n) for n in EVAL_BENCHMARKS]
+    seen: dict[str, None] = {}
+    for path in paths:
+        for record in read_jsonl(path):
+            seen.setdefault(record["question"], None)
+    return list(seen)

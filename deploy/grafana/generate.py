@@ -106,6 +106,24 @@ RETRIEVER = Dashboard(
                    (rate("ragr1_retriever_queries_per_call_sum"), "queries/s")], unit="ops"),
             latency("Embed time per micro-batch", "ragr1_retriever_embed_seconds"),
             Panel("Queries per call (mean)", [(mean("ragr1_retriever_queries_per_call"), "mean")]),
+            Panel("Router time per call by stage (mean)",
+                  [(mean("ragr1_retriever_stage_seconds", "stage"), "{{stage}}")], unit="s",
+                  description="Where a call's time goes: embed (waiting for and running the encoder batch), "
+                              "fanout (until every shard answered), merge (top-k over shards). The stages "
+                              "run in turn, so they add up to the call."),
+            Panel("Router time per call by stage (p99)",
+                  [(quantile(0.99, "ragr1_retriever_stage_seconds", "stage"), "{{stage}}")], unit="s"),
+        ]),
+        ("Shard readiness", [
+            Panel("Shards ready (router's health checks)",
+                  [("sum by (shard) (ragr1_retriever_shard_ready)", "shard {{shard}}")],
+                  description="1 while the router sees the shard SERVING; also the router's gRPC health "
+                              "service ragr1.v1.RetrieverShard/<shard>."),
+            Panel("Shard time to ready",
+                  [("max by (instance) (ragr1_retriever_shard_time_to_ready_seconds)", "{{instance}}"),
+                   ("max by (instance) (ragr1_retriever_shard_index_mmap)", "{{instance}} memory-mapped")],
+                  unit="s", description="Seconds from the shard process's start to serving; a memory-mapped "
+                                        "index is not read at start."),
         ]),
         ("Shards", [
             Panel("Shard call time seen by the router (p99)",

@@ -36,9 +36,7 @@ def encoder(settings: EncoderSettings) -> Encoder:
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> PassageStore:
-    return write_store(
-        read_corpus([corpus_path()], limit=SLICE), tmp_path_factory.mktemp("store"), progress=False
-    )
+    return write_store(read_corpus([corpus_path()], limit=SLICE), tmp_path_factory.mktemp("store"), progress=False)
 
 
 @pytest.fixture(scope="session")
@@ -61,10 +59,7 @@ def index_dirs(
 ) -> dict[int, Path]:
     """Exact (flat) indexes of the slice with 1, 2 and 3 shards; the manifest directory of each."""
     root = tmp_path_factory.mktemp("indexes")
-    return {
-        n: build_index(store, settings, root / f"flat-{n}", num_shards=n, progress=False).parent
-        for n in (1, 2, 3)
-    }
+    return {n: build_index(store, settings, root / f"flat-{n}", num_shards=n, progress=False).parent for n in (1, 2, 3)}
 
 
 @pytest.fixture()

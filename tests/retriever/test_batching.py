@@ -104,3 +104,25 @@ def test_two_workers_run_two_batches_at_once() -> None:
 
     assert asyncio.run(main()) == [2 * i for i in range(16)]
     assert len(fn.threads) == 2
+
+
+def test_idle_workers_split_a_batch_and_busy_ones_do_not() -> None:
+    fn = Doubler(delay=0.05)
+
+    async def main() -> None:
+        batcher = MicroBatcher(fn, max_batch_rows=64, max_wait_s=0.005, workers=3, split_when_idle=True)
+        # One call of three rows on an idle batcher: a row a worker, all at once.
+        assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 2, 4]
+        assert sorted(map(sorted, fn.batches)) == [[0], [1], [2]] and len(fn.threads) == 3
+        fn.batches.clear()
+        # Five rows on three idle workers: shares of 1, 2, 2; every worker slot comes back afterwards.
+        await asyncio.gather(*(batcher.submit(i) for i in range(5)))
+        assert sorted(len(b) for b in fn.batches) == [1, 2, 2]
+        fn.batches.clear()
+        # Many at once: the first batches take everything queued; the workers still run all in parallel.
+        out = await asyncio.gather(*(batcher.submit(i) for i in range(40)))
+        assert out == [2 * i for i in range(40)]
+        assert sum(len(b) for b in fn.batches) == 40
+        await batcher.aclose()
+
+    asyncio.run(main())

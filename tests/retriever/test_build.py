@@ -75,25 +75,26 @@ def test_manifest_describes_the_build(
 def test_compressed_indexes_find_most_of_the_exact_neighbours(
     store: PassageStore, settings: EncoderSettings, tmp_path: Path
 ) -> None:
-    vectors = embed_store(store, settings, embeddings_cache_dir(store, settings), progress=False).rows(
-        0, len(store)
-    )
+    vectors = embed_store(store, settings, embeddings_cache_dir(store, settings), progress=False).rows(0, len(store))
     queries = vectors[::20]
     _, exact = faiss_index.build(faiss, vectors, faiss_index.IndexSpec("flat"), False).search(queries, 10)
     # 4-bit codes: this faiss-cpu build trains 8-bit PQ codebooks slowly (minutes for 2,000 vectors).
     ivfpq = faiss_index.IndexSpec("ivfpq", nlist=16, pq_m=48, pq_bits=4, nprobe=8)
     for spec in (faiss_index.IndexSpec("hnsw"), ivfpq):
-        index = faiss_index.prepare_for_search(
-            faiss, faiss_index.build(faiss, vectors, spec, False), spec, False
-        )
+        built = faiss_index.build(faiss, vectors, spec, False)
+        index = faiss_index.prepare_for_search(faiss, built, spec, False)
         _, found = index.search(queries, 10)
         overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(exact, found, strict=True)])
         assert overlap > (0.95 if spec.index_type == "hnsw" else 0.45), (spec.index_type, overlap)
+        # Memory-mapped, each kind answers exactly as it does read whole.
+        path = tmp_path / f"{spec.index_type}.faiss"
+        faiss.write_index(built, str(path))
+        opened = faiss_index.read(faiss, str(path), spec.index_type, True)
+        mapped = faiss_index.prepare_for_search(faiss, opened, spec, False)
+        np.testing.assert_array_equal(mapped.search(queries, 10)[1], found)
 
 
-def test_shard_refuses_files_that_do_not_match_the_manifest(
-    index_dirs: dict[int, Path], tmp_path: Path
-) -> None:
+def test_shard_refuses_files_that_do_not_match_the_manifest(index_dirs: dict[int, Path], tmp_path: Path) -> None:
     loaded = LoadedManifest(index_dirs[2])
     shard_file = loaded.shard_path(1)
     original = shard_file.read_bytes()
@@ -105,6 +106,13 @@ def test_shard_refuses_files_that_do_not_match_the_manifest(
         shard_file.write_bytes(original)
     with pytest.raises(ManifestMismatch, match="shard 2 does not exist"):
         ShardSearcher(loaded, 2)
+    # A truncated file is refused at start even when its checksum is left for later.
+    try:
+        shard_file.write_bytes(original[:-8])
+        with pytest.raises(ManifestMismatch, match=rf"shard 1: .* has {len(original) - 8} bytes, the manifest says"):
+            ShardSearcher(loaded, 1, verify_checksum=False)
+    finally:
+        shard_file.write_bytes(original)
     # The right file under another manifest (other ranges): the vector count gives it away.
     other = json.loads(loaded.path.read_text())
     other["shards"][1]["end"] -= 1
@@ -118,3 +126,19 @@ def test_shard_refuses_files_that_do_not_match_the_manifest(
     (tmp_path / "manifest.json").write_text(json.dumps(other))
     with pytest.raises(ManifestMismatch, match="is not the one the index was built from"):
         ShardSearcher(LoadedManifest(tmp_path), 1)
+
+
+def test_a_memory_mapped_shard_answers_as_one_read_whole(index_dirs: dict[int, Path], encoder: Encoder) -> None:
+    import asyncio
+
+    loaded = LoadedManifest(index_dirs[2])
+    queries = encoder.encode_queries(["Neil Peart", "Which band released Counterparts?"])
+
+    async def search(mmap: bool) -> list[list[tuple[str, float]]]:
+        searcher = ShardSearcher(loaded, 1, mmap=mmap)
+        try:
+            return [[(h.id, h.score) for h in hits] for hits in await searcher.search(queries, 5)]
+        finally:
+            await searcher.aclose()
+
+    assert asyncio.run(search(True)) == asyncio.run(search(False))

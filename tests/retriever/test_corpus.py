@@ -19,9 +19,7 @@ from ragr1.services.retriever.corpus import (
 
 def test_both_jsonl_layouts_give_the_same_passage() -> None:
     record = next(read_jsonl(corpus_path()))
-    from_fields = record_from_json(
-        {"id": record["id"], "title": record["title"], "text": record["text"]}, "x"
-    )
+    from_fields = record_from_json({"id": record["id"], "title": record["title"], "text": record["text"]}, "x")
     from_contents = record_from_json({"id": record["id"], "contents": record["contents"]}, "x")
     assert from_fields == from_contents == PassageRecord(record["id"], record["title"], record["text"])
     assert from_fields.contents() == record["contents"]
@@ -51,10 +49,7 @@ def test_kilt_page_is_split_into_100_word_passages_with_the_title() -> None:
 
 def test_kilt_files_are_read_through_the_same_reader(tmp_path: Path) -> None:
     path = tmp_path / "kilt.jsonl.gz"
-    pages = [
-        {"wikipedia_id": str(i), "wikipedia_title": f"T{i}", "text": [f"T{i}", "word " * 150]}
-        for i in range(3)
-    ]
+    pages = [{"wikipedia_id": str(i), "wikipedia_title": f"T{i}", "text": [f"T{i}", "word " * 150]} for i in range(3)]
     with gzip.open(path, "wt") as handle:
         handle.writelines(json.dumps(p) + "\n" for p in pages)
     passages = list(read_corpus([path], fmt="kilt", words=100))

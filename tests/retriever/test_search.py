@@ -29,9 +29,7 @@ class LocalShard:
     def __init__(self, searcher: ShardSearcher) -> None:
         self.searcher = searcher
 
-    async def search(
-        self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float
-    ) -> list[list[Hit]]:
+    async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list[list[Hit]]:
         return await self.searcher.search(embeddings, top_k, omit_text)
 
 
@@ -54,9 +52,7 @@ def brute_force(
     store: PassageStore, settings: EncoderSettings, encoder: Encoder, questions: list[str]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k rows and scores by numpy over every passage embedding."""
-    vectors = embed_store(store, settings, embeddings_cache_dir(store, settings), progress=False).rows(
-        0, len(store)
-    )
+    vectors = embed_store(store, settings, embeddings_cache_dir(store, settings), progress=False).rows(0, len(store))
     scores = encoder.encode_queries(questions) @ vectors.T
     rows = np.argsort(-scores, axis=1, kind="stable")[:, :TOP_K]
     return rows, np.take_along_axis(scores, rows, axis=1)
@@ -105,9 +101,7 @@ def test_dedup_within_a_trajectory_and_omit_text(index_dirs: dict[int, Path], en
     queries = ["Neil Peart drummer of Rush", "Rush drummer Neil Peart", "Counterparts Rush album"]
     plain = asyncio.run(_search_all(index_dirs[2], encoder, queries, 3))
     assert {h.id for h in plain.results[0]} & {h.id for h in plain.results[1]}  # the same passages come back
-    deduped = asyncio.run(
-        _search_all(index_dirs[2], encoder, queries, 3, groups=[1, 1, 2], dedup=True, omit_text=True)
-    )
+    deduped = asyncio.run(_search_all(index_dirs[2], encoder, queries, 3, groups=[1, 1, 2], dedup=True, omit_text=True))
     first, second = ({h.id for h in r} for r in deduped.results[:2])
     assert not first & second
     assert all(len(r) == 3 for r in deduped.results)
@@ -145,9 +139,7 @@ class CountingQueries:
         return self.encoder.encode_queries(queries)
 
 
-def test_query_cache_skips_the_encoder_for_repeated_queries(
-    index_dirs: dict[int, Path], encoder: Encoder
-) -> None:
+def test_query_cache_skips_the_encoder_for_repeated_queries(index_dirs: dict[int, Path], encoder: Encoder) -> None:
     counting = CountingQueries(encoder)
 
     async def run() -> tuple[SearchResult, SearchResult]:
@@ -173,3 +165,41 @@ def test_query_cache_skips_the_encoder_for_repeated_queries(
     first, second = asyncio.run(run())
     assert [h.id for h in first.results[1]] == [h.id for h in second.results[0]]
     assert [h.id for h in first.results[0]] == [h.id for h in first.results[2]]
+
+
+def test_an_idle_router_splits_one_call_among_its_encoder_workers(
+    index_dirs: dict[int, Path], encoder: Encoder
+) -> None:
+    questions = ["Neil Peart", "Which band released Counterparts?", "Jeff Porcaro", "Toto"]
+
+    async def run(split: bool, cache: int) -> tuple[list[list[str]], list[int]]:
+        counting = CountingQueries(encoder)
+        sizes: list[int] = []
+
+        class Recording:
+            def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+                sizes.append(len(queries))
+                return counting.encode_queries(queries)
+
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        router = Router(
+            Recording(),
+            [LocalShard(searcher)],
+            embed_workers=2,
+            embed_split_when_idle=split,
+            query_cache_size=cache,
+        )
+        try:
+            reply = await router.search(questions, 5)
+            return [[h.id for h in hits] for hits in reply.results], sizes
+        finally:
+            await router.aclose()
+            await searcher.aclose()
+
+    whole, sizes = asyncio.run(run(False, 0))
+    assert sizes == [4]
+    for cache in (0, 10):
+        split, sizes = asyncio.run(run(True, cache))
+        assert sorted(sizes) == [2, 2]  # two idle workers, two queries each
+        # int8 activations are scaled per batch: a rare near-tie may swap places, never more.
+        assert all(len(set(a) & set(b)) >= 4 for a, b in zip(split, whole, strict=True))

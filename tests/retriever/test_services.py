@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -91,16 +92,12 @@ GENERATED_CLIENT = textwrap.dedent("""
 """)
 
 
-def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(
-    cluster: dict, tmp_path: Path
-) -> None:
+def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(cluster: dict, tmp_path: Path) -> None:
     from grpc_tools import protoc
 
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in (PROTO_DIR / "ragr1" / "v1").glob("*.proto"))
     assert (
-        protoc.main(
-            ["protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos]
-        )
+        protoc.main(["protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos])
         == 0
     )
     for package in ("ragr1", "ragr1/v1"):  # regular packages, so that they win over the installed ragr1
@@ -121,9 +118,7 @@ def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(
     assert generated["shards"] == 2
     assert [len(ids) for ids in generated["ids"]] == [3, 3, 3]
 
-    status, body = post(
-        cluster["http"], json.dumps({"queries": QUERIES, "topk": 3, "return_scores": True}).encode()
-    )
+    status, body = post(cluster["http"], json.dumps({"queries": QUERIES, "topk": 3, "return_scores": True}).encode())
     assert status == 200
     assert [[d["document"]["id"] for d in r] for r in body["result"]] == generated["ids"]
     top = body["result"][0][0]
@@ -176,6 +171,10 @@ def test_router_exports_its_metrics(cluster: dict) -> None:
         'ragr1_retriever_batch_wait_seconds_count{stage="embed"}',
         'ragr1_retriever_batch_rows_count{stage="embed"}',
         "ragr1_retriever_queries_per_call_count",
+        'ragr1_retriever_stage_seconds_count{stage="embed"}',
+        'ragr1_retriever_stage_seconds_count{stage="fanout"}',
+        'ragr1_retriever_stage_seconds_count{stage="merge"}',
+        'ragr1_retriever_shard_ready{shard="1"} 1.0',
     ]:
         assert sample in text, sample
 
@@ -229,9 +228,9 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
     index_dirs: dict[int, Path], tmp_path: Path, processes: list[ServiceProcess], encoder: Encoder
 ) -> None:
     shards = start_shards(index_dirs[2], 2, tmp_path, processes)
-    grpc_target = start_router(index_dirs[2], shards, tmp_path, processes, "--on-shard-failure", "partial")[
-        "grpc"
-    ]
+    grpc_target = start_router(
+        index_dirs[2], shards, tmp_path, processes, "--on-shard-failure", "partial", "--shard-health-interval-s", "0.2"
+    )["grpc"]
     victim = processes[1].process
     assert victim is not None
     deadline = 5.0  # generous: on a busy 2-core host embedding alone can take a second or more
@@ -244,6 +243,13 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
 
     with RetrieverClient(grpc_target) as client:
         assert not client.search(QUERIES, 3).partial
+        assert client.shards_ready() == [True, True]
+    shard_metrics = f"http://127.0.0.1:{processes[0].wait_ready(10, 'retriever-shard-0')['metrics']}/metrics"
+    with urllib.request.urlopen(shard_metrics, timeout=10) as reply:
+        text = reply.read().decode()
+    assert "ragr1_retriever_shard_index_mmap 1.0" in text
+    ready_s = float(re.search(r"^ragr1_retriever_shard_time_to_ready_seconds (\S+)$", text, re.M)[1])  # type: ignore[index]
+    assert 0 < ready_s < 120
     with ThreadPoolExecutor(8) as pool:
         victim.send_signal(signal.SIGSTOP)  # late: connected, never answers
         late = list(pool.map(call, range(8)))
@@ -253,6 +259,12 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
     for elapsed, partial, missing in late + down:
         assert elapsed < deadline + 1.0
         assert partial and missing == [1]
+    # The router's health tells which shard is gone.
+    with RetrieverClient(grpc_target) as client:
+        until = time.monotonic() + 10
+        while client.shards_ready() != [True, False] and time.monotonic() < until:
+            time.sleep(0.1)
+        assert client.shards_ready() == [True, False]
 
     async def unavailable_mode() -> None:
         clients = [AsyncShardClient(t) for t in shards]

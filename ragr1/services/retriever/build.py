@@ -5,7 +5,9 @@ renamed when complete, so a crashed or interrupted build reruns only the chunks 
 The chunk directory is keyed by the store's checksum and the encoder settings (by default under
 ``RAGR1_CACHE_DIR/embeddings/``, checked against ``embeddings.json``): a rerun with other settings
 cannot mix vectors, and rebuilding with another shard count or index type re-embeds nothing. The
-manifest is written last: an index without one is unfinished and no shard serves it.
+manifest is written last: an index without one is unfinished and no shard serves it. With an ONNX
+encoder backend the export goes into ``<out>/encoder/`` first, and the manifest names it (and its
+checksum) so that the router encodes queries with exactly the network that embedded the passages.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from tqdm import tqdm
 from ragr1.data import cache_dir
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore, file_sha256
-from ragr1.services.retriever.encoder import Encoder, EncoderSettings
-from ragr1.services.retriever.manifest import Manifest, ShardEntry, shard_ranges
+from ragr1.services.retriever.encoder import Encoder, EncoderSettings, copy_export, ensure_export
+from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
 
 EMBEDDINGS_META = "embeddings.json"
 DEFAULT_CHUNK_SIZE = 1024
+ENCODER_DIR = "encoder"
 
 
 def embeddings_cache_dir(store: PassageStore, settings: EncoderSettings) -> Path:
@@ -123,6 +126,10 @@ def build_index(
     out_dir.mkdir(parents=True, exist_ok=True)
     ranges = shard_ranges(len(store), num_shards)
     on_gpu = faiss_index.use_gpu(gpu, faiss_index.gpu_count(faiss))
+    export = None
+    if settings.backend != "torch":
+        # The passages below are embedded by this same cached export.
+        export = EncoderExport(ENCODER_DIR, copy_export(ensure_export(settings), out_dir / ENCODER_DIR))
     embeddings = embed_store(
         store,
         settings,
@@ -141,7 +148,7 @@ def build_index(
         tmp = out_dir / (name + ".tmp")
         faiss.write_index(index, str(tmp))
         os.replace(tmp, out_dir / name)
-        entries.append(ShardEntry(name, start, end, file_sha256(out_dir / name)))
+        entries.append(ShardEntry(name, start, end, file_sha256(out_dir / name), (out_dir / name).stat().st_size))
     manifest = Manifest(
         encoder=settings,
         dim=dim,
@@ -150,6 +157,7 @@ def build_index(
         store_dir=os.path.relpath(store.directory.resolve(), out_dir.resolve()),
         store_sha256=store.sha256,
         shards=tuple(entries),
+        encoder_export=export,
     )
     path = manifest.save(out_dir)
     return path

@@ -19,6 +19,11 @@ SERVICE = "ragr1.v1.Retriever"
 SHARD_SERVICE = "ragr1.v1.RetrieverShard"
 
 
+def shard_health_service(shard: int) -> str:
+    """The name under which the router's health service reports whether shard ``shard`` is ready."""
+    return f"{SHARD_SERVICE}/{shard}"
+
+
 def _search_request(
     queries: Sequence[str], top_k: int, groups: Sequence[int], dedup_within_group: bool, omit_text: bool
 ) -> retriever_pb2.SearchRequest:
@@ -32,9 +37,7 @@ def _search_request(
 
 
 class RetrieverClient:
-    def __init__(
-        self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S
-    ) -> None:
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._options = options or ChannelOptions()
         self._channel = open_channel(target, self._options)
         self._stub = retriever_pb2_grpc.RetrieverStub(self._channel)
@@ -61,10 +64,19 @@ class RetrieverClient:
 
     def health(self, timeout: float | None = None) -> bool:
         """True when the router reports SERVING."""
-        reply = self._health.Check(
-            health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout
-        )
+        reply = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout)
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def shards_ready(self, timeout: float | None = None) -> list[bool]:
+        """Per shard, whether the router last saw it SERVING (its health service per shard)."""
+        num_shards = self.info(timeout).num_shards
+        ready = []
+        for shard in range(num_shards):
+            reply = self._health.Check(
+                health_pb2.HealthCheckRequest(service=shard_health_service(shard)), timeout=timeout or self.timeout
+            )
+            ready.append(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        return ready
 
     def close(self) -> None:
         self._channel.close()
@@ -77,9 +89,7 @@ class RetrieverClient:
 
 
 class AsyncRetrieverClient:
-    def __init__(
-        self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S
-    ) -> None:
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._options = options or ChannelOptions()
         self._channel = open_aio_channel(target, self._options)
         self._stub = retriever_pb2_grpc.RetrieverStub(self._channel)
@@ -97,9 +107,7 @@ class AsyncRetrieverClient:
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
         request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return await self._stub.Search(
-            request, timeout=timeout or self.timeout, metadata=self._options.metadata()
-        )
+        return await self._stub.Search(request, timeout=timeout or self.timeout, metadata=self._options.metadata())
 
     async def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
         return await self._stub.Info(
@@ -127,9 +135,7 @@ class AsyncRetrieverClient:
 class AsyncShardClient:
     """One shard over gRPC, as the router's ``ShardBackend``."""
 
-    def __init__(
-        self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S
-    ) -> None:
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.target = target
         self._options = options or ChannelOptions()
         self._channel = open_aio_channel(target, self._options)

@@ -8,6 +8,8 @@ from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
 
+CHECKSUM_MODES = ("start", "background", "off")
+
 
 @dataclasses.dataclass
 class ShardConfig(ServerConfig):
@@ -15,21 +17,31 @@ class ShardConfig(ServerConfig):
     index: str = setting("", "index directory or its manifest.json (from `ragr1 index build`)")
     shard: int = setting(0, "which shard of the index to serve, 0-based")
     gpu: str = setting("auto", "FAISS on GPU: auto (when one is visible), never, always")
-    verify_checksum: bool = setting(True, "check the shard file's SHA-256 against the manifest at start")
+    checksum: str = setting(
+        "background",
+        "when to check the shard file's SHA-256 against the manifest (its size is always checked at start): "
+        "'start' before serving (reads the whole file), 'background' while serving (a mismatch stops the "
+        "shard), 'off'",
+    )
+    mmap: bool = setting(
+        True, "memory-map the index (ready in seconds, pages read on demand) instead of reading it whole"
+    )
     max_batch_rows: int = setting(256, "most query rows in one index search; 1 turns micro-batching off")
     max_wait_ms: float = setting(1.0, "longest a request waits for others to join its batch")
     search_threads: int = setting(
         0, "FAISS (OpenMP) threads; 0 keeps FAISS's default (all cores). 1 is best on a shared, busy CPU"
     )
 
+    def __post_init__(self) -> None:
+        if self.checksum not in CHECKSUM_MODES:
+            raise ValueError(f"checksum must be one of {CHECKSUM_MODES}, got {self.checksum!r}")
+
 
 @dataclasses.dataclass
 class RouterConfig(ServerConfig):
     port: int = setting(ports.RETRIEVER, "gRPC port")
     index: str = setting("", "index directory or its manifest.json: gives the encoder and index facts")
-    shards: list[str] = setting(
-        list, "shard addresses host:port, in shard order (comma-separated)", factory=True
-    )
+    shards: list[str] = setting(list, "shard addresses host:port, in shard order (comma-separated)", factory=True)
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")
     max_queries: int = setting(512, "most queries in one call")
@@ -45,11 +57,24 @@ class RouterConfig(ServerConfig):
     max_wait_ms: float = setting(2.0, "longest a call waits for others to join its encoder batch")
     shard_wait_s: float = setting(60.0, "at start, how long to wait for shards to answer ShardInfo")
     query_cache_size: int = setting(10000, "query embeddings kept in an LRU cache; 0 turns it off")
+    encoder_backend: str = setting(
+        "",
+        "query encoder backend: empty takes the index's (its manifest); a different one is refused, "
+        "since queries must be embedded like the passages were",
+    )
     encoder_workers: int = setting(
-        2, "encoder batches run in parallel, one thread each (torch releases the GIL while it computes)"
+        2, "encoder batches run in parallel, one thread each (torch and ONNX Runtime release the GIL)"
     )
     encoder_threads: int = setting(
         1,
-        "torch CPU threads per encoder batch; 0 keeps torch's default (all cores). On a shared CPU, one "
+        "CPU threads per encoder batch; 0 keeps the runtime's default (all cores). On a shared CPU, one "
         "thread per worker avoids OpenMP stalls (one query: 550 ms instead of 15 ms on 2 busy cores)",
+    )
+    encoder_split_when_idle: bool = setting(
+        True,
+        "a batch taken while other encoder workers are idle is split among them: a call of 3 queries on "
+        "an idle router costs about one query's encoding time instead of three",
+    )
+    shard_health_interval_s: float = setting(
+        2.0, "how often the router checks every shard's health (reported as its own health and metrics)"
     )

@@ -94,9 +94,7 @@ def read_corpus(
     for path in paths:
         for lineno, record in enumerate(read_jsonl(Path(path)), start=1):
             passages = (
-                split_kilt_page(record, words)
-                if fmt == "kilt"
-                else [record_from_json(record, f"{path}:{lineno}")]
+                split_kilt_page(record, words) if fmt == "kilt" else [record_from_json(record, f"{path}:{lineno}")]
             )
             for passage in passages:
                 yield passage
@@ -151,8 +149,7 @@ class PassageStore:
         for name in (PASSAGES_FILE, OFFSETS_FILE, META_FILE):
             if not (self.directory / name).exists():
                 raise FileNotFoundError(
-                    f"{self.directory / name} missing: not a passage store "
-                    "(build one with `ragr1 corpus ingest`)"
+                    f"{self.directory / name} missing: not a passage store (build one with `ragr1 corpus ingest`)"
                 )
         self.meta: dict[str, Any] = json.loads((self.directory / META_FILE).read_text())
         self._offsets = np.load(self.directory / OFFSETS_FILE, mmap_mode="r")

@@ -83,3 +83,20 @@ def prepare_for_search(faiss: Any, index: Any, spec: IndexSpec, gpu: bool) -> An
     elif spec.index_type == "hnsw":
         index.hnsw.efSearch = spec.ef_search
     return _on_device(faiss, index, spec, gpu)
+
+
+def mmap_flag(faiss: Any, index_type: str) -> int:
+    """The ``read_index`` flag that memory-maps this kind of index instead of reading it whole.
+
+    Flat and HNSW keep their vectors in an ``IndexFlatCodes`` that FAISS can map in place
+    (``IO_FLAG_MMAP_IFC``; HNSW's graph is still read); IVF-PQ maps its inverted lists (``IO_FLAG_MMAP``).
+    Mapped pages are read from disk on first touch and are shared by every process mapping the file.
+    """
+    if index_type == "ivfpq":
+        return int(faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    return int(faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+
+
+def read(faiss: Any, path: str, index_type: str, mmap: bool) -> Any:
+    """Opens a shard file on the CPU, memory-mapped or read whole."""
+    return faiss.read_index(path, mmap_flag(faiss, index_type) if mmap else 0)

@@ -2,7 +2,8 @@
 
 A shard that loads a file whose checksum, size or dimension differs from the manifest, or a passage
 store other than the one the index was built over, refuses to start and says which fact differs:
-serving mismatched rows would return wrong passages without any error.
+serving mismatched rows would return wrong passages without any error. Likewise a router whose
+encoder export (``encoder/`` beside the index) is not the one the manifest names.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.services.retriever.corpus import PassageStore, file_sha256
-from ragr1.services.retriever.encoder import EncoderSettings, settings_from_dict
+from ragr1.services.retriever.encoder import EncoderSettings, export_sha256, settings_from_dict
 from ragr1.services.retriever.index import IndexSpec
 
 MANIFEST_FILE = "manifest.json"
@@ -33,6 +34,17 @@ class ShardEntry:
     start: int  # first passage row (inclusive)
     end: int  # last passage row (exclusive)
     sha256: str
+    # File size: checked at every start, cheaply, even when the checksum is checked later or never.
+    # 0 in manifests written before it was recorded.
+    bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderExport:
+    """The exported query encoder (ONNX backends) kept beside the index."""
+
+    dir: str  # relative to the manifest's directory
+    sha256: str  # of its model file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +57,8 @@ class Manifest:
     store_sha256: str
     shards: tuple[ShardEntry, ...]
     version: int = MANIFEST_VERSION
+    # None for the torch backend (the model is loaded by name).
+    encoder_export: EncoderExport | None = None
 
     @property
     def num_shards(self) -> int:
@@ -86,9 +100,7 @@ class LoadedManifest:
         self.sha256 = hashlib.sha256(raw).hexdigest()
         data: dict[str, Any] = json.loads(raw)
         if data.get("version") != MANIFEST_VERSION:
-            raise ManifestMismatch(
-                f"{path}: manifest version {data.get('version')}, expected {MANIFEST_VERSION}"
-            )
+            raise ManifestMismatch(f"{path}: manifest version {data.get('version')}, expected {MANIFEST_VERSION}")
         self.manifest = Manifest(
             encoder=settings_from_dict(data["encoder"]),
             dim=int(data["dim"]),
@@ -97,6 +109,7 @@ class LoadedManifest:
             store_dir=str(data["store_dir"]),
             store_sha256=str(data["store_sha256"]),
             shards=tuple(ShardEntry(**s) for s in data["shards"]),
+            encoder_export=EncoderExport(**data["encoder_export"]) if data.get("encoder_export") else None,
         )
 
     def store_path(self) -> Path:
@@ -122,17 +135,57 @@ class LoadedManifest:
             )
 
     def check_shard_file(self, shard: int, *, verify_checksum: bool = True) -> None:
+        """Size always (cheap); the SHA-256 too when ``verify_checksum`` (reads the whole file)."""
         entry = self.entry(shard)
         path = self.shard_path(shard)
         if not path.exists():
             raise ManifestMismatch(f"shard {shard}: index file {path} is missing")
+        size = path.stat().st_size
+        if entry.bytes and size != entry.bytes:
+            raise ManifestMismatch(
+                f"shard {shard}: {path} has {size} bytes, the manifest says {entry.bytes} "
+                "(truncated, rebuilt or corrupted file?)"
+            )
         if verify_checksum:
-            actual = file_sha256(path)
-            if actual != entry.sha256:
-                raise ManifestMismatch(
-                    f"shard {shard}: {path} has sha256 {actual[:12]}, the manifest says "
-                    f"{entry.sha256[:12]} (rebuilt or corrupted file?)"
-                )
+            self.check_shard_checksum(shard)
+
+    def check_shard_checksum(self, shard: int) -> None:
+        entry = self.entry(shard)
+        path = self.shard_path(shard)
+        actual = file_sha256(path)
+        if actual != entry.sha256:
+            raise ManifestMismatch(
+                f"shard {shard}: {path} has sha256 {actual[:12]}, the manifest says "
+                f"{entry.sha256[:12]} (rebuilt or corrupted file?)"
+            )
+
+    def encoder_dir(self, backend: str = "") -> Path | None:
+        """The checked directory of the index's encoder export (None for torch), for a router.
+
+        ``backend``: the router's configured backend; empty takes the index's. A router whose
+        encoder differs from the one the passages were embedded with would search with vectors
+        from another space, so any difference is refused.
+        """
+        m = self.manifest
+        if backend and backend != m.encoder.backend:
+            raise ManifestMismatch(
+                f"the router is configured for encoder backend {backend!r}, the index at {self.directory} "
+                f"was built with {m.encoder.backend!r}: leave encoder_backend empty or rebuild the index"
+            )
+        if m.encoder.backend == "torch":
+            return None
+        if m.encoder_export is None:
+            raise ManifestMismatch(f"{self.path}: backend {m.encoder.backend!r} but no encoder export listed")
+        directory = self.directory / m.encoder_export.dir
+        if not directory.is_dir():
+            raise ManifestMismatch(f"encoder export {directory} is missing (copy it with the index)")
+        actual = export_sha256(directory)
+        if actual != m.encoder_export.sha256:
+            raise ManifestMismatch(
+                f"encoder export {directory} has sha256 {actual[:12]}, the manifest says "
+                f"{m.encoder_export.sha256[:12]}: not the encoder this index was built with"
+            )
+        return directory
 
     def check_shard_index(self, shard: int, ntotal: int, dim: int) -> None:
         entry = self.entry(shard)
@@ -142,6 +195,4 @@ class LoadedManifest:
                 f"{entry.end - entry.start} (rows {entry.start}..{entry.end})"
             )
         if dim != self.manifest.dim:
-            raise ManifestMismatch(
-                f"shard {shard}: index dimension {dim}, the manifest says {self.manifest.dim}"
-            )
+            raise ManifestMismatch(f"shard {shard}: index dimension {dim}, the manifest says {self.manifest.dim}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from ragr1.services.common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS
 
@@ -23,6 +23,20 @@ EMBED_SECONDS = Histogram(
     "ragr1_retriever_embed_seconds",
     "Router: time to embed one micro-batch of queries.",
     buckets=LATENCY_BUCKETS,
+)
+# Where a call's time goes; the stages run one after the other, so their means add up to the call's.
+STAGES = ("embed", "fanout", "merge")
+STAGE_SECONDS = Histogram(
+    "ragr1_retriever_stage_seconds",
+    "Router: time of one search call spent per stage: embed (waiting for and running the encoder "
+    "batch), fanout (until every shard answered or gave up), merge (top-k over shards, dedup).",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+)
+SHARD_READY = Gauge(
+    "ragr1_retriever_shard_ready",
+    "Router: 1 when the shard answers its health check as SERVING, else 0 (polled), by shard.",
+    ["shard"],
 )
 SHARD_CALL_SECONDS = Histogram(
     "ragr1_retriever_shard_call_seconds",
@@ -48,6 +62,14 @@ SHARD_SEARCH_SECONDS = Histogram(
     "ragr1_retriever_shard_search_seconds",
     "Shard: time of one FAISS search over a micro-batch.",
     buckets=LATENCY_BUCKETS,
+)
+SHARD_TIME_TO_READY = Gauge(
+    "ragr1_retriever_shard_time_to_ready_seconds",
+    "Shard: seconds from the process start to serving (index opened, checked, on its device).",
+)
+SHARD_INDEX_MMAP = Gauge(
+    "ragr1_retriever_shard_index_mmap",
+    "Shard: 1 when the index is memory-mapped (pages read on demand), 0 when read into memory.",
 )
 BATCH_WAIT_SECONDS = Histogram(
     "ragr1_retriever_batch_wait_seconds",

@@ -90,9 +90,7 @@ class QueryEncoder(Protocol):
 
 
 class ShardBackend(Protocol):
-    async def search(
-        self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float
-    ) -> list[list[Hit]]:
+    async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list[list[Hit]]:
         """Best-first hits per embedding row; must give up after ``timeout`` seconds."""
         ...
 
@@ -117,6 +115,7 @@ class Router:
         embed_batch_rows: int = 256,
         embed_wait_s: float = 0.002,
         embed_workers: int = 1,
+        embed_split_when_idle: bool = False,
         query_cache_size: int = 0,
     ) -> None:
         if on_shard_failure not in FAILURE_MODES:
@@ -140,6 +139,7 @@ class Router:
             name="embed",
             on_batch=metrics.batch_observer("embed"),
             workers=embed_workers,
+            split_when_idle=embed_split_when_idle,
         )
 
     def _embed_batch(self, calls: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -149,6 +149,13 @@ class Router:
         bounds = np.cumsum([0, *(len(c) for c in calls)])
         return [vectors[a:b] for a, b in itertools.pairwise(bounds)]
 
+    async def _embed_rows(self, queries: list[str]) -> np.ndarray:
+        """Each query submitted on its own, so that an idle encoder can split even one call's queries."""
+        if len(queries) == 1 or not self._embedder.split_when_idle:
+            return await self._embedder.submit(queries, rows=len(queries))
+        rows = await asyncio.gather(*(self._embedder.submit([q], rows=1) for q in queries))
+        return np.concatenate(rows)
+
     async def embed(self, queries: Sequence[str]) -> np.ndarray:
         """Query embeddings, computed in one encoder batch with other concurrent calls' queries.
 
@@ -157,7 +164,7 @@ class Router:
         """
         unique = list(dict.fromkeys(queries))
         if self._cache.size <= 0:
-            rows = await self._embedder.submit(unique, rows=len(unique))
+            rows = await self._embed_rows(unique)
             found = dict(zip(unique, rows, strict=True))
             return np.stack([found[q] for q in queries])
         found = {}
@@ -172,7 +179,7 @@ class Router:
             else:
                 fresh.append(q)
         if fresh:
-            task = asyncio.ensure_future(self._embedder.submit(fresh, rows=len(fresh)))
+            task = asyncio.ensure_future(self._embed_rows(fresh))
             for i, q in enumerate(fresh):
                 self._inflight[q] = waiting[q] = (task, i)
             task.add_done_callback(lambda t, batch=fresh: self._settle(t, batch))  # type: ignore[misc]
@@ -201,18 +208,23 @@ class Router:
         validate(queries, top_k, groups, self.limits)
         metrics.QUERIES_PER_CALL.observe(len(queries))
         budget = self.default_timeout_s if timeout is None else min(timeout, self.default_timeout_s)
-        deadline = time.perf_counter() + budget - self.reply_margin_s
+        started = time.perf_counter()
+        deadline = started + budget - self.reply_margin_s
         try:
             embeddings = await asyncio.wait_for(self.embed(queries), max(deadline - time.perf_counter(), 0))
         except TimeoutError:
             raise DeadlineExceeded(
                 f"embedding {len(queries)} queries took longer than the {budget:.3f} s deadline"
             ) from None
+        embedded = time.perf_counter()
+        metrics.STAGE_SECONDS.labels("embed").observe(embedded - started)
         group_ids = list(groups) if groups else list(range(len(queries)))
         fetch = top_k * max(Counter(group_ids).values()) if dedup else top_k
         answers = await asyncio.gather(
             *(self._call_shard(i, embeddings, fetch, omit_text, deadline) for i in range(len(self.shards)))
         )
+        fanned_out = time.perf_counter()
+        metrics.STAGE_SECONDS.labels("fanout").observe(fanned_out - embedded)
         missing = tuple(i for i, a in enumerate(answers) if isinstance(a, str))
         if missing and (self.on_shard_failure == "unavailable" or len(missing) == len(self.shards)):
             reasons = "; ".join(f"shard {i}: {answers[i]}" for i in missing)
@@ -222,6 +234,7 @@ class Router:
         results = dedup_within_groups(merged, group_ids, top_k) if dedup else [m[:top_k] for m in merged]
         if missing:
             metrics.PARTIAL_RESPONSES.inc()
+        metrics.STAGE_SECONDS.labels("merge").observe(time.perf_counter() - fanned_out)
         return SearchResult(results, partial=bool(missing), missing_shards=missing)
 
     async def _call_shard(
@@ -234,9 +247,7 @@ class Router:
             return "no time left before the deadline"
         started = time.perf_counter()
         try:
-            hits = await asyncio.wait_for(
-                self.shards[shard].search(embeddings, top_k, omit_text, remaining), remaining
-            )
+            hits = await asyncio.wait_for(self.shards[shard].search(embeddings, top_k, omit_text, remaining), remaining)
         except TimeoutError:
             metrics.SHARD_ERRORS.labels(str(shard), "deadline").inc()
             return f"no answer within {remaining:.3f} s"

@@ -6,8 +6,11 @@ import asyncio
 import logging
 import time
 
+from grpc_health.v1 import health_pb2
+
 from ragr1.services.common.server import GrpcServer, configure_logging
-from ragr1.services.retriever.client import AsyncShardClient
+from ragr1.services.retriever import metrics
+from ragr1.services.retriever.client import AsyncShardClient, shard_health_service
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.http_api import start_http
@@ -26,6 +29,13 @@ def _manifest(index: str) -> LoadedManifest:
     return LoadedManifest(index)  # type: ignore[arg-type]
 
 
+def process_age() -> float:
+    """Seconds since this process started (imports included: they are part of a shard's start-up)."""
+    import psutil
+
+    return max(time.time() - psutil.Process().create_time(), 0.0)
+
+
 async def run_shard(config: ShardConfig) -> None:
     if config.search_threads > 0:
         import faiss
@@ -36,9 +46,10 @@ async def run_shard(config: ShardConfig) -> None:
         manifest,
         config.shard,
         gpu=config.gpu,
-        verify_checksum=config.verify_checksum,
+        verify_checksum=config.checksum == "start",
         max_batch_rows=config.max_batch_rows,
         max_wait_s=config.max_wait_ms / 1000,
+        mmap=config.mmap,
     )
     m = manifest.manifest
     info = retriever_pb2.ShardInfoResponse(
@@ -56,7 +67,28 @@ async def run_shard(config: ShardConfig) -> None:
         RetrieverShardServicer(searcher, info),
         "ragr1.v1.RetrieverShard",
     )
+    failures: list[ManifestMismatch] = []
+
+    async def verify_in_background() -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, manifest.check_shard_checksum, config.shard)
+        except ManifestMismatch as exc:
+            log.error("%s; stopping", exc)
+            failures.append(exc)
+            await server.stop()
+        else:
+            log.info("shard %d: checksum verified", config.shard)
+
+    ready = process_age()
+    metrics.SHARD_TIME_TO_READY.set(ready)
+    metrics.SHARD_INDEX_MMAP.set(1 if searcher.mmap else 0)
+    log.info("shard %d: ready %.2f s after the process started", config.shard, ready)
+    checking = asyncio.ensure_future(verify_in_background()) if config.checksum == "background" else None
     await server.serve(on_stop=searcher.aclose)
+    if checking is not None:
+        checking.cancel()
+    if failures:
+        raise failures[0]
 
 
 async def check_shards(shards: list[AsyncShardClient], manifest: LoadedManifest, wait_s: float) -> None:
@@ -95,22 +127,41 @@ async def check_shards(shards: list[AsyncShardClient], manifest: LoadedManifest,
             )
 
 
-async def run_router(config: RouterConfig) -> None:
-    if config.encoder_threads > 0:
-        import torch
+async def watch_shards(shards: list[AsyncShardClient], server: GrpcServer, interval_s: float) -> None:
+    """Polls every shard's health for ever; reports each as the router's health service
+    ``ragr1.v1.RetrieverShard/<i>`` and as ``ragr1_retriever_shard_ready{shard}``."""
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
-        torch.set_num_threads(config.encoder_threads)
+    async def check(shard: AsyncShardClient) -> bool:
+        try:
+            return await shard.health(timeout=max(interval_s, 0.5))
+        except Exception:  # down, unreachable or late: not ready
+            return False
+
+    while True:
+        states = await asyncio.gather(*(check(s) for s in shards))
+        for i, up in enumerate(states):
+            await server.health.set(shard_health_service(i), serving if up else not_serving)
+            metrics.SHARD_READY.labels(str(i)).set(1 if up else 0)
+        await asyncio.sleep(interval_s)
+
+
+async def run_router(config: RouterConfig) -> None:
     manifest = _manifest(config.index)
     m = manifest.manifest
     if len(config.shards) != m.num_shards:
-        raise ValueError(
-            f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)"
-        )
+        raise ValueError(f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)")
     shards = [AsyncShardClient(target) for target in config.shards]
     await check_shards(shards, manifest, config.shard_wait_s)
     limits = Limits(config.max_queries, config.max_query_chars, config.max_top_k)
+    encoder = Encoder(
+        m.encoder,
+        device=config.device,
+        export_dir=manifest.encoder_dir(config.encoder_backend),
+        threads=config.encoder_threads,
+    )
     router = Router(
-        Encoder(m.encoder, device=config.device),
+        encoder,
         shards,
         limits=limits,
         on_shard_failure=config.on_shard_failure,
@@ -118,6 +169,7 @@ async def run_router(config: RouterConfig) -> None:
         embed_batch_rows=config.max_batch_rows,
         embed_wait_s=config.max_wait_ms / 1000,
         embed_workers=config.encoder_workers,
+        embed_split_when_idle=config.encoder_split_when_idle,
         query_cache_size=config.query_cache_size,
     )
     await router.embed(["warm-up"])
@@ -137,12 +189,14 @@ async def run_router(config: RouterConfig) -> None:
         RetrieverServicer(router, info),
         "ragr1.v1.Retriever",
     )
+    watcher = asyncio.ensure_future(watch_shards(shards, server, config.shard_health_interval_s))
     http = None
     if config.http_port >= 0:
         http, http_port = await start_http(router, config.host, config.http_port)
         print(f"READY retriever-http http=http://{config.host}:{http_port}/retrieve", flush=True)
 
     async def stop() -> None:
+        watcher.cancel()
         if http is not None:
             await http.cleanup()
         await router.aclose()

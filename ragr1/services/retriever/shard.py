@@ -1,4 +1,9 @@
-"""One shard: a FAISS index over a slice of the passages, searched by one thread in micro-batches."""
+"""One shard: a FAISS index over a slice of the passages, searched by one thread in micro-batches.
+
+The index file is memory-mapped by default: opening it reads the header (and HNSW's graph), not the
+vectors, so a shard of a 21M-passage index is ready in seconds and its pages come from disk (or the
+page cache that other shards of the same file share) as searches touch them.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ class ShardSearcher:
         verify_checksum: bool = True,
         max_batch_rows: int = 256,
         max_wait_s: float = 0.001,
+        mmap: bool = True,
     ) -> None:
         import faiss
 
@@ -46,8 +52,10 @@ class ShardSearcher:
         manifest.check_shard_file(shard, verify_checksum=verify_checksum)
         self.store = PassageStore(manifest.store_path())
         manifest.check_store(self.store)
-        cpu_index = faiss.read_index(str(manifest.shard_path(shard)))
+        spec = manifest.manifest.index
+        cpu_index = faiss_index.read(faiss, str(manifest.shard_path(shard)), spec.index_type, mmap)
         manifest.check_shard_index(shard, cpu_index.ntotal, cpu_index.d)
+        self.mmap = mmap
         self.dim = int(cpu_index.d)
         self.on_gpu = faiss_index.use_gpu(gpu, faiss_index.gpu_count(faiss))
         self._batcher: MicroBatcher[ShardQuery, ShardAnswer] = MicroBatcher(
@@ -62,13 +70,14 @@ class ShardSearcher:
             lambda: faiss_index.prepare_for_search(faiss, cpu_index, manifest.manifest.index, self.on_gpu)
         ).result()
         log.info(
-            "shard %d: %d passages (rows %d..%d), %s index on %s",
+            "shard %d: %d passages (rows %d..%d), %s index on %s%s",
             shard,
             self.num_passages,
             self.entry.start,
             self.entry.end,
-            manifest.manifest.index.index_type,
+            spec.index_type,
             "GPU" if self.on_gpu else "CPU",
+            ", memory-mapped" if mmap and not self.on_gpu else "",
         )
 
     @property
@@ -97,11 +106,7 @@ class ShardSearcher:
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         scores, rows = await self._batcher.submit((embeddings, top_k), rows=len(embeddings))
         return [
-            [
-                self._hit(int(row), float(score), omit_text)
-                for score, row in zip(s, r, strict=True)
-                if row >= 0
-            ]
+            [self._hit(int(row), float(score), omit_text) for score, row in zip(s, r, strict=True) if row >= 0]
             for s, r in zip(scores, rows, strict=True)
         ]
 
