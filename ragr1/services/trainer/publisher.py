@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 # Codes no retry can cure: the trainer's configuration (token, certificate) does not match the policy's.
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# A replica down, too slow, refusing the token, or refusing the checkpoint.
+_WATCHED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAUTHENTICATED,
+            grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class PublishError(RuntimeError):
@@ -50,6 +53,10 @@ class WeightPublisher:
         self.max_failures = max_failures
         self._clients = {target: PolicyClient(target, options, timeout=timeout) for target in replicas}
         self._failures = dict.fromkeys(self._clients, 0)
+        # The failures an operator acts on exist as series from the start (at 0), so that a dashboard
+        # shows "none" rather than "no data".
+        for code in _WATCHED:
+            metrics.WEIGHT_UPDATE_FAILURES.labels(code.name)
 
     def check(self, timeout: float = 10.0) -> None:
         """Asks every replica for its version, so that a refused token stops the trainer at start,
