@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreItem(_message.Message):
-    __slots__ = ("id", "response", "golden_answers", "supporting_titles", "retrieved", "retrieved_rounds")
+    __slots__ = ("id", "response", "golden_answers", "supporting_titles", "retrieved", "retrieved_rounds", "spans")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     GOLDEN_ANSWERS_FIELD_NUMBER: _ClassVar[int]
     SUPPORTING_TITLES_FIELD_NUMBER: _ClassVar[int]
     RETRIEVED_FIELD_NUMBER: _ClassVar[int]
     RETRIEVED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     id: str
     response: str
     golden_answers: _containers.RepeatedScalarFieldContainer[str]
     supporting_titles: _containers.RepeatedScalarFieldContainer[str]
     retrieved: _containers.RepeatedCompositeFieldContainer[_common_pb2.Passage]
     retrieved_rounds: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[str] = ..., response: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., retrieved: _Optional[_Iterable[_Union[_common_pb2.Passage, _Mapping]]] = ..., retrieved_rounds: _Optional[_Iterable[int]] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[_common_pb2.ResponseSpan]
+    def __init__(self, id: _Optional[str] = ..., response: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., retrieved: _Optional[_Iterable[_Union[_common_pb2.Passage, _Mapping]]] = ..., retrieved_rounds: _Optional[_Iterable[int]] = ..., spans: _Optional[_Iterable[_Union[_common_pb2.ResponseSpan, _Mapping]]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("items",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16ragr1/v1/trainer.proto\x12\x08ragr1.v1\"\x0f\n\rStatusRequest\"\xb2\x01\n\x0eStatusResponse\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x18\n\x10rollouts_trained\x18\x04 \x01(\x03\x12\x1e\n\x16rollouts_dropped_stale\x18\x05 \x01(\x03\x12\x18\n\x10last_mean_reward\x18\x06 \x01(\x01\x12\x17\n\x0f\x63heckpoint_path\x18\x07 \x01(\t2F\n\x07Trainer\x12;\n\x06Status\x12\x17.ragr1.v1.StatusRequest\x1a\x18.ragr1.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16ragr1/v1/trainer.proto\x12\x08ragr1.v1\"\x0f\n\rStatusRequest\"\xe8\x01\n\x0eStatusResponse\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x18\n\x10rollouts_trained\x18\x04 \x01(\x03\x12\x1e\n\x16rollouts_dropped_stale\x18\x05 \x01(\x03\x12\x18\n\x10last_mean_reward\x18\x06 \x01(\x01\x12\x17\n\x0f\x63heckpoint_path\x18\x07 \x01(\t\x12\x18\n\x10last_logprob_gap\x18\x08 \x01(\x01\x12\x1a\n\x12weight_sync_alarms\x18\t \x01(\x03\x32\x46\n\x07Trainer\x12;\n\x06Status\x12\x17.ragr1.v1.StatusRequest\x1a\x18.ragr1.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=36
   _globals['_STATUSREQUEST']._serialized_end=51
   _globals['_STATUSRESPONSE']._serialized_start=54
-  _globals['_STATUSRESPONSE']._serialized_end=232
-  _globals['_TRAINER']._serialized_start=234
-  _globals['_TRAINER']._serialized_end=304
+  _globals['_STATUSRESPONSE']._serialized_end=286
+  _globals['_TRAINER']._serialized_start=288
+  _globals['_TRAINER']._serialized_end=358
 # @@protoc_insertion_point(module_scope)

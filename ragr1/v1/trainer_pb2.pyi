@@ -9,7 +9,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("stage", "step", "policy_version", "rollouts_trained", "rollouts_dropped_stale", "last_mean_reward", "checkpoint_path")
+    __slots__ = ("stage", "step", "policy_version", "rollouts_trained", "rollouts_dropped_stale", "last_mean_reward", "checkpoint_path", "last_logprob_gap", "weight_sync_alarms")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,8 @@ class StatusResponse(_message.Message):
     ROLLOUTS_DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     LAST_MEAN_REWARD_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOGPROB_GAP_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_ALARMS_FIELD_NUMBER: _ClassVar[int]
     stage: str
     step: int
     policy_version: int
@@ -24,4 +26,6 @@ class StatusResponse(_message.Message):
     rollouts_dropped_stale: int
     last_mean_reward: float
     checkpoint_path: str
-    def __init__(self, stage: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., rollouts_trained: _Optional[int] = ..., rollouts_dropped_stale: _Optional[int] = ..., last_mean_reward: _Optional[float] = ..., checkpoint_path: _Optional[str] = ...) -> None: ...
+    last_logprob_gap: float
+    weight_sync_alarms: int
+    def __init__(self, stage: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., rollouts_trained: _Optional[int] = ..., rollouts_dropped_stale: _Optional[int] = ..., last_mean_reward: _Optional[float] = ..., checkpoint_path: _Optional[str] = ..., last_logprob_gap: _Optional[float] = ..., weight_sync_alarms: _Optional[int] = ...) -> None: ...

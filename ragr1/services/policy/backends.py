@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ragr1.agent.information import Passage
 from ragr1.services.common.client import ChannelOptions
-from ragr1.services.policy.prompts import Passage
 from ragr1.services.retriever.client import AsyncRetrieverClient
 from ragr1.services.reward.client import AsyncRewardClient
 from ragr1.v1 import common_pb2, reward_pb2
