@@ -48,8 +48,9 @@ PLATFORM = {
 
 def memory_bytes(quantity: str) -> int:
     number, unit = re.fullmatch(r"(\d+)([a-zA-Z]*)", str(quantity)).groups()  # type: ignore[union-attr]
-    scale = {"": 1, "k": 1000, "m": 2**20, "g": 2**30, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "mb": 2**20,
-             "gb": 2**30}[unit]
+    scale = {"": 1, "k": 1000, "m": 2**20, "g": 2**30, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "mb": 2**20, "gb": 2**30}[
+        unit
+    ]
     return int(number) * scale
 
 
@@ -110,7 +111,8 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
     # Neither side kills a server before its drain and grace periods are over.
     assert seconds(ours["stop_grace_period"]) >= on_compose.drain_seconds + on_compose.grace_seconds
     assert pod(chart, kind, component).get("terminationGracePeriodSeconds", 30) >= (
-        on_chart.drain_seconds + on_chart.grace_seconds)
+        on_chart.drain_seconds + on_chart.grace_seconds
+    )
     assert bool(on_compose.auth_token_file) and bool(on_chart.auth_token_file), "auth on both sides"
     for side, variables in (("compose", ours["environment"]), ("chart", env(theirs))):
         assert variables["RAGR1_CLIENT_TOKEN_FILE"] == variables["RAGR1_AUTH_TOKEN_FILE"], side
@@ -133,7 +135,8 @@ def test_the_rollout_worker_has_a_stable_name_per_replica(compose: dict[str, Any
 def test_memory_for_the_trainer_and_shared_memory_agree(compose: dict[str, Any], chart: Any) -> None:
     trainer = pod(chart, "Deployment", "trainer")
     assert memory_bytes(compose["trainer"]["mem_limit"]) == memory_bytes(
-        trainer["containers"][0]["resources"]["limits"]["memory"])
+        trainer["containers"][0]["resources"]["limits"]["memory"]
+    )
     for service, kind in (("policy", "StatefulSet"), ("trainer", "Deployment")):
         (shm,) = [v for v in pod(chart, kind, service)["volumes"] if v["name"] == "shm"]
         assert memory_bytes(compose[service]["shm_size"]) == memory_bytes(shm["emptyDir"]["sizeLimit"]), service
@@ -147,12 +150,16 @@ def test_images_index_and_scratch_space_agree(compose: dict[str, Any], chart: An
 
     (build_job,) = [o for (kind, name), o in chart.items() if kind == "Job" and name.startswith("ragr1-index-build")]
     job = build_job["spec"]["template"]["spec"]["containers"][0]
-    index = {"chart": ragr1_invocations(job["command"])[-1],
-             "compose": ragr1_invocations(compose["index-build"]["entrypoint"] + compose["index-build"]["command"])[-1]}
+    index = {
+        "chart": ragr1_invocations(job["command"])[-1],
+        "compose": ragr1_invocations(compose["index-build"]["entrypoint"] + compose["index-build"]["command"])[-1],
+    }
     for side, argv in index.items():
         assert argv[:2] == ["index", "build"], side
+
     def option(argv: list[str], flag: str, default: str) -> str:
         return argv[argv.index(flag) + 1] if flag in argv else default
+
     for flag, default in (("--shards", "1"), ("--index-type", "flat"), ("--encoder", DEFAULT_ENCODER)):
         assert option(index["chart"], flag, default).strip('"') == option(index["compose"], flag, default), flag
     assert int(option(index["compose"], "--shards", "1")) == sum(s.startswith("retriever-shard-") for s in compose)
@@ -171,4 +178,3 @@ def test_compose_builds_from_the_dockerfile_default_base() -> None:
     (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
     stack = compose_config("docker-compose.yml")["services"]
     assert stack["reward"]["build"]["args"]["BASE_IMAGE"] == default
-

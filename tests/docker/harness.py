@@ -57,8 +57,17 @@ INDEX_PASSAGES = 2000
 HEALTHY_TIMEOUT_S = 1800
 PPO_UPDATES = 2
 PPO_TIMEOUT_S = 2400
-SERVICES = ["redis", "index-build", "retriever-shard-0", "retriever-shard-1", "retriever", "reward", "policy",
-            "trainer", "prometheus"]  # every service but Grafana
+SERVICES = [
+    "redis",
+    "index-build",
+    "retriever-shard-0",
+    "retriever-shard-1",
+    "retriever",
+    "reward",
+    "policy",
+    "trainer",
+    "prometheus",
+]  # every service but Grafana
 RAGR1_TARGETS = 6  # router, two shards, reward, policy, trainer
 
 START = time.monotonic()
@@ -72,8 +81,14 @@ def say(message: str) -> None:
     print(f"[{time.monotonic() - START:7.1f}s] {message}", flush=True)
 
 
-def run(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True,
-        log: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    args: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    check: bool = True,
+    log: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     if log is not None:
         with log.open("w") as out:
             result = subprocess.run(args, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, timeout=timeout)
@@ -99,8 +114,10 @@ def docker_engine() -> Iterator[None]:
         return
     dockerd = shutil.which("dockerd")
     if dockerd is None or shutil.which("docker") is None:
-        raise Failed("no Docker engine: install one (Debian: `apt-get install -y docker.io docker-compose`, as root), "
-                     "then run `make test-docker` again")
+        raise Failed(
+            "no Docker engine: install one (Debian: `apt-get install -y docker.io docker-compose`, as root), "
+            "then run `make test-docker` again"
+        )
     if os.geteuid() != 0:
         raise Failed("dockerd is installed but not running, and only root can start it: start it, then run again")
     STATE.mkdir(parents=True, exist_ok=True)
@@ -138,14 +155,18 @@ def image_exists(name: str) -> bool:
 
 def debian_mirror() -> str:
     """The Debian mirror apt uses on this machine (debootstrap takes the base system from it)."""
-    sources = [*Path("/etc/apt/sources.list.d").glob("*.sources"), Path("/etc/apt/sources.list"),
-               *Path("/etc/apt/sources.list.d").glob("*.list")]
+    sources = [
+        *Path("/etc/apt/sources.list.d").glob("*.sources"),
+        Path("/etc/apt/sources.list"),
+        *Path("/etc/apt/sources.list.d").glob("*.list"),
+    ]
     for path in sources:
         if not path.exists():
             continue
         text = path.read_text()
         found = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.MULTILINE) or re.search(
-            r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s+\S+", text, re.MULTILINE)
+            r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s+\S+", text, re.MULTILINE
+        )
         if found:
             return found.group(1)
     return "http://deb.debian.org/debian"
@@ -161,8 +182,11 @@ def ensure_debian_base() -> None:
     mirror = debian_mirror()
     say(f"making {DEBIAN} from Debian packages ({mirror}; a few minutes)")
     with tempfile.TemporaryDirectory(prefix="ragr1-rootfs-", dir="/var/tmp") as rootfs:
-        run(["debootstrap", "--variant=minbase", "bookworm", rootfs, mirror], timeout=1800,
-            log=STATE / "debootstrap.log")
+        run(
+            ["debootstrap", "--variant=minbase", "bookworm", rootfs, mirror],
+            timeout=1800,
+            log=STATE / "debootstrap.log",
+        )
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for path in (Path(rootfs) / leftover).glob("*"):
                 if path.is_file():
@@ -175,8 +199,21 @@ def ensure_debian_base() -> None:
 
 
 def build_local(dockerfile: str, tag: str) -> None:
-    run(["docker", "build", "-q", "-f", str(IMAGES / dockerfile), "--build-arg", f"DEBIAN={DEBIAN}", "-t", tag,
-         str(IMAGES)], timeout=1200)
+    run(
+        [
+            "docker",
+            "build",
+            "-q",
+            "-f",
+            str(IMAGES / dockerfile),
+            "--build-arg",
+            f"DEBIAN={DEBIAN}",
+            "-t",
+            tag,
+            str(IMAGES),
+        ],
+        timeout=1200,
+    )
 
 
 def third_party_images(compose: list[str]) -> dict[str, str]:
@@ -250,11 +287,12 @@ def image_runtime_checks(compose: list[str], env: dict[str, str]) -> None:
     """What the services load at run time, checked before anything is started."""
     run(["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c", "import vllm._C"], timeout=300)
     say("ok: vLLM's compiled extension loads (libnuma)")
-    program = ("import torch\n"
-               "f = torch.compile(lambda x: torch.nn.functional.softmax(x * 2, -1).sum(), backend='inductor')\n"
-               "assert abs(f(torch.ones(4, 8)).item() - 4.0) < 1e-5\n")
-    run([*compose, "run", "--rm", "--no-deps", "--entrypoint", "python", "reward", "-c", program], env=env,
-        timeout=600)
+    program = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.nn.functional.softmax(x * 2, -1).sum(), backend='inductor')\n"
+        "assert abs(f(torch.ones(4, 8)).item() - 4.0) < 1e-5\n"
+    )
+    run([*compose, "run", "--rm", "--no-deps", "--entrypoint", "python", "reward", "-c", program], env=env, timeout=600)
     say("ok: torch.compile runs in a container with compose's settings (compiler, headers, executable /tmp)")
 
 
@@ -294,7 +332,8 @@ def wait_healthy(timeout: float) -> dict[str, str]:
             shown = line
         done = set(states) == set(SERVICES) and all(
             v in ("healthy", "exited:0") if k == "index-build" else v in ("healthy", "running")
-            for k, v in states.items())
+            for k, v in states.items()
+        )
         if done and states["index-build"] == "exited:0":
             return states
         bad = {k: v for k, v in states.items() if v == "unhealthy" or (v.startswith("exited:") and v != "exited:0")}
@@ -308,19 +347,23 @@ def in_container(compose: list[str], env: dict[str, str], service: str, program:
     return run([*compose, "exec", "-T", service, "python", "-c", program], env=env, timeout=120).stdout.strip()
 
 
-VERSIONS = ("import json\n"
-            "from ragr1.services.policy.client import PolicyClient\n"
-            "from ragr1.services.trainer.client import TrainerClient\n"
-            "with PolicyClient('policy:50052') as p, TrainerClient('trainer:50054') as t:\n"
-            "    v = p.weight_version()\n"
-            "    s = t.status()\n"
-            "    print(json.dumps({'policy': v.version, 'path': v.checkpoint_path, 'trainer': s.policy_version,\n"
-            "                      'trained': s.rollouts_trained}))\n")
+VERSIONS = (
+    "import json\n"
+    "from ragr1.services.policy.client import PolicyClient\n"
+    "from ragr1.services.trainer.client import TrainerClient\n"
+    "with PolicyClient('policy:50052') as p, TrainerClient('trainer:50054') as t:\n"
+    "    v = p.weight_version()\n"
+    "    s = t.status()\n"
+    "    print(json.dumps({'policy': v.version, 'path': v.checkpoint_path, 'trainer': s.policy_version,\n"
+    "                      'trained': s.rollouts_trained}))\n"
+)
 
 
 def peak_memory_bytes(container_id: str) -> int | None:
-    for path in (Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.max_usage_in_bytes"),
-                 Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.peak")):
+    for path in (
+        Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.max_usage_in_bytes"),
+        Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.peak"),
+    ):
         if path.exists():
             return int(path.read_text())
     return None
@@ -328,8 +371,21 @@ def peak_memory_bytes(container_id: str) -> int | None:
 
 def check_retrieve_with_curl() -> None:
     body = json.dumps({"queries": ["who wrote hamlet", "capital of france"], "topk": 3})
-    out = run(["curl", "-sS", "-f", "-X", "POST", "localhost:8000/retrieve", "-H", "Content-Type: application/json",
-               "-d", body], timeout=60).stdout
+    out = run(
+        [
+            "curl",
+            "-sS",
+            "-f",
+            "-X",
+            "POST",
+            "localhost:8000/retrieve",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        timeout=60,
+    ).stdout
     result = json.loads(out)["result"]
     if [len(r) for r in result] != [3, 3] or not result[0][0]["contents"]:
         raise Failed(f"/retrieve answered {out[:500]}")
@@ -416,8 +472,10 @@ def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
         versions = json.loads(in_container(compose, env, "trainer", VERSIONS))
         pair = (versions["trainer"], versions["policy"])
         if not seen or seen[-1] != pair:
-            say(f"  trainer at version {pair[0]} ({versions['trained']} rollouts trained), policy serves {pair[1]}"
-                f" ({versions['path'] or 'the image model'})")
+            say(
+                f"  trainer at version {pair[0]} ({versions['trained']} rollouts trained), policy serves {pair[1]}"
+                f" ({versions['path'] or 'the image model'})"
+            )
             seen.append(pair)
         if versions["policy"] >= PPO_UPDATES and versions["trainer"] >= PPO_UPDATES:
             break
@@ -429,8 +487,11 @@ def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
         time.sleep(15)
     if [p for _, p in seen] != sorted(p for _, p in seen):
         raise Failed(f"the policy's version went backwards: {seen}")
-    steps = [json.loads(line) for line in in_container(
-        compose, env, "trainer", "print(open('/checkpoints/steps.jsonl').read())").splitlines() if line.strip()]
+    steps = [
+        json.loads(line)
+        for line in in_container(compose, env, "trainer", "print(open('/checkpoints/steps.jsonl').read())").splitlines()
+        if line.strip()
+    ]
     for step in steps:
         if set(step["published"].values()) != {"ok"}:
             raise Failed(f"update {step['version']} did not reach the policy: {step['published']}")
@@ -440,9 +501,12 @@ def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
     hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
     peak = peak_memory_bytes(trainer["Id"])
     say(f"ok: {len(steps)} PPO updates through Redis, the policy's GetWeightVersion followed: {seen}")
-    return {"updates": len(steps), "trainer_rss_gib": int(hwm.group(1)) / 2**20 if hwm else None,
-            "trainer_cgroup_gib": peak / 2**30 if peak else None,
-            "update_seconds": [round(s.get("update_seconds", 0.0), 1) for s in steps]}
+    return {
+        "updates": len(steps),
+        "trainer_rss_gib": int(hwm.group(1)) / 2**20 if hwm else None,
+        "trainer_cgroup_gib": peak / 2**30 if peak else None,
+        "update_seconds": [round(s.get("update_seconds", 0.0), 1) for s in steps],
+    }
 
 
 def prometheus_query(expr: str) -> list[Any]:
@@ -540,20 +604,25 @@ def report(build: dict[str, Any], stacks: list[dict[str, Any]]) -> None:
     print(f"image {IMAGE}: {build['size_gb']:.2f} GB")
     cold = build.get("cold")
     if cold:
-        print(f"build without cache: {cold['seconds'] / 60:.1f} min (measured {cold['at']}"
-              f"{', this run' if build['first_was_cold'] else ''})")
+        print(
+            f"build without cache: {cold['seconds'] / 60:.1f} min (measured {cold['at']}"
+            f"{', this run' if build['first_was_cold'] else ''})"
+        )
     if not build["first_was_cold"]:
         print(f"build with this machine's cache, first of this run: {build['first_s']:.0f} s")
     print(f"build again, everything cached: {build['cached_s']:.0f} s")
+
     def gib(value: float | None) -> str:
         return f"{value:.2f} GiB" if value else "n/a"
 
     for s in stacks:
-        print(f"{s['mode']}: `up` to every container healthy {s['up_to_healthy_s'] / 60:.1f} min "
-              f"(index of {INDEX_PASSAGES} passages included); {s['updates']} PPO updates "
-              f"({s['update_seconds']} s each); trainer peak resident memory {gib(s.get('trainer_rss_gib'))} "
-              f"(container, page cache included: {gib(s.get('trainer_cgroup_gib'))}); "
-              f"{s['dashboard_queries']} dashboard queries with data; `down -v` {s.get('down_s', 0):.0f} s")
+        print(
+            f"{s['mode']}: `up` to every container healthy {s['up_to_healthy_s'] / 60:.1f} min "
+            f"(index of {INDEX_PASSAGES} passages included); {s['updates']} PPO updates "
+            f"({s['update_seconds']} s each); trainer peak resident memory {gib(s.get('trainer_rss_gib'))} "
+            f"(container, page cache included: {gib(s.get('trainer_cgroup_gib'))}); "
+            f"{s['dashboard_queries']} dashboard queries with data; `down -v` {s.get('down_s', 0):.0f} s"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -570,8 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_local("python.Dockerfile", PYTHON)
             images = third_party_images(base)
             build = build_image()
-            say(f"image {IMAGE}: {build['size_gb']:.2f} GB; built in {build['first_s']:.0f}s, "
-                f"again in {build['cached_s']:.0f}s")
+            say(
+                f"image {IMAGE}: {build['size_gb']:.2f} GB; built in {build['first_s']:.0f}s, "
+                f"again in {build['cached_s']:.0f}s"
+            )
             image_runtime_checks(base, {**os.environ, **images, "RAGR1_IMAGE": IMAGE})
             stacks = [run_stack(compose, mode, images, args.keep) for mode in args.modes.split(",")]
     except Failed as exc:
