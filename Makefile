@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto dashboards
+.PHONY: demo test test-docker lint proto dashboards
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -12,6 +12,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# The CPU image built and the compose stack run under a real Docker engine, checked as a user would
+# (tests/docker/harness.py; over an hour on 2 shared cores: the image build, then PPO updates). Not part of
+# `make test`: it needs Docker (`apt-get install docker.io` as root) and minutes.
+test-docker: $(STAMP)
+	$(VENV)/bin/python -m tests.docker.harness
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ragr1 tests bench deploy

@@ -15,8 +15,7 @@ from tests.common.test_server import start_server
 def status_code(target: str, options: ChannelOptions) -> grpc.StatusCode:
     channel = open_channel(target, options)
     try:
-        trainer_pb2_grpc.TrainerStub(channel).Status(trainer_pb2.StatusRequest(), metadata=options.metadata(),
-                                                     timeout=5)
+        trainer_pb2_grpc.TrainerStub(channel).Status(trainer_pb2.StatusRequest(), timeout=5)
         return grpc.StatusCode.OK
     except grpc.RpcError as exc:
         return exc.code()

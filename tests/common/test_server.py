@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import signal
 import sys
 import threading
@@ -13,16 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from ragr1.services.common.client import ChannelOptions, open_channel
 from ragr1.services.common.process import ServiceProcess
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.common.pki import write_pki
 
 
 def start_server(tmp_path: Path, port: int, *extra: str, host: str = "127.0.0.1",
@@ -133,58 +129,12 @@ def test_bearer_token_auth(tmp_path: Path, port: int) -> None:
             (ChannelOptions(token="wrong"), grpc.StatusCode.UNAUTHENTICATED),
             (ChannelOptions(token="s3cret-token"), grpc.StatusCode.OK),
         ]:
-            channel = open_channel(target, opts)
-            stub = trainer_pb2_grpc.TrainerStub(channel)
-            try:
-                stub.Status(trainer_pb2.StatusRequest(), metadata=opts.metadata(), timeout=5)
-                code = grpc.StatusCode.OK
-            except grpc.RpcError as exc:
-                code = exc.code()
-            channel.close()
-            assert code == expected, opts
+            assert _status_code(target, opts) == expected, opts
         # Probes need no secret.
         channel = open_channel(target)
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         channel.close()
-
-
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name | None,
-          issuer_key: ec.EllipticCurvePrivateKey | None, ca: bool) -> x509.Certificate:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer or name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-    return builder.sign(issuer_key or key, hashes.SHA256())
-
-
-def _write_pki(tmp_path: Path) -> dict[str, Path]:
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("ragr1-test-ca", ca_key, None, None, ca=True)
-    files: dict[str, Path] = {"ca": tmp_path / "ca.pem"}
-    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    for who in ("server", "client"):
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = _cert("localhost", key, ca.subject, ca_key, ca=False)
-        files[f"{who}_cert"] = tmp_path / f"{who}.pem"
-        files[f"{who}_key"] = tmp_path / f"{who}.key"
-        files[f"{who}_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        files[f"{who}_key"].write_bytes(pem_key(key))
-    return files
 
 
 def _status_code(target: str, opts: ChannelOptions) -> grpc.StatusCode:
@@ -200,7 +150,7 @@ def _status_code(target: str, opts: ChannelOptions) -> grpc.StatusCode:
 
 @pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
 def test_tls(tmp_path: Path, port: int, mutual: bool) -> None:
-    pki = _write_pki(tmp_path)
+    pki = write_pki(tmp_path)
     extra = ["--tls-cert-file", str(pki["server_cert"]), "--tls-key-file", str(pki["server_key"])]
     if mutual:
         extra += ["--tls-client-ca-file", str(pki["ca"])]

@@ -41,7 +41,8 @@ _RAGR1_LINE = re.compile(r"(?:^|[\s;&|])(?:exec\s+)?ragr1\s+(.*)$")
 
 def ragr1_invocations(argv: list[str]) -> list[list[str]]:
     """The ``ragr1`` command lines a container runs: its argv directly, or each ``ragr1`` line of an
-    ``sh -c`` script (with ``"$@"`` standing for the arguments after the script's ``$0``)."""
+    ``sh -c`` script (with ``"$@"`` standing for the arguments after the script's ``$0``, or for none
+    when the script sets them itself; docker-compose writes it ``$$@``)."""
     if argv[0] == "ragr1":
         return [argv[1:]]
     if argv[:2] == ["sh", "-c"]:
@@ -51,6 +52,6 @@ def ragr1_invocations(argv: list[str]) -> list[list[str]]:
             match = _RAGR1_LINE.search(line)
             if match:
                 words = shlex.split(match.group(1))
-                out.append([w for word in words for w in (extra if word == "$@" else [word])])
+                out.append([w for word in words for w in (extra if word in ("$@", "$$@") else [word])])
         return out
     return []

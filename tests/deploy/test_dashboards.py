@@ -152,7 +152,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     samples = _query(base, "count_over_time(ragr1_grpc_server_serving[1m])")["data"]["result"]
                     if samples and float(samples[0]["value"][1]) >= 2:
                         break
-                except (OSError, KeyError):
+                except (OSError, KeyError, ValueError):  # ValueError: 503 while it starts
                     pass
                 assert time.monotonic() < deadline, "Prometheus never scraped the server twice"
                 time.sleep(0.3)

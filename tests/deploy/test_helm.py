@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -350,3 +351,73 @@ def test_external_redis_replaces_the_in_chart_one(chart: helm_python.Chart) -> N
     assert env(container(objects, "Deployment", "trainer"))["RAGR1_REDIS_URL"] == "redis://redis.example:6379/0"
     with pytest.raises(helm_python.HelmError, match=r"redis\.externalUrl is required"):
         render(chart, {"redis": {"enabled": False}})
+
+
+AUTH_TLS_SHARDS_RAY = {
+    "auth": {"enabled": True},
+    "tls": {"enabled": True, "secretName": "ragr1-tls", "mutual": True},
+    "retriever": {"shards": 4},
+    "trainer": {"ray": {"enabled": True, "workers": 2}},
+}
+# Pods whose process calls another service: the router (shards), the policy (router, reward) and the
+# trainer, here the Ray head that runs `ragr1 train ppo` (policy replicas).
+CALLERS = ("ragr1-retriever", "ragr1-policy", "ragr1-trainer-head")
+CLIENT_FILES = ("RAGR1_CLIENT_TOKEN_FILE", "RAGR1_CLIENT_CA_FILE", "RAGR1_CLIENT_CERT_FILE", "RAGR1_CLIENT_KEY_FILE")
+
+
+def test_auth_tls_shards_and_ray_mount_the_token_and_certificates_wherever_a_call_is_made(
+    chart: helm_python.Chart,
+) -> None:
+    """Every file a ragr1 process is told to read (RAGR1_*_FILE) lies on a volume mounted from the
+    Secret that holds it, and every pod that calls another service has the token and the client TLS
+    files: a missing mount would make that pod fail, or its calls be refused, only on the cluster."""
+    objects = render(chart, AUTH_TLS_SHARDS_RAY)
+    secrets = {"ragr1-auth": {"token"}, "ragr1-tls": {"ca.crt", "tls.crt", "tls.key"}}
+    seen = set()
+    for name, spec in pod_specs(objects):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            variables = env(c)
+            for var, path in variables.items():
+                if not (var.startswith("RAGR1_") and var.endswith("_FILE")):
+                    continue
+                mounts = [m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")]
+                assert len(mounts) == 1, (name, var, path)
+                secret = volumes[mounts[0]["name"]]["secret"]["secretName"]
+                assert path.rsplit("/", 1)[1] in secrets[secret], (name, var, path, secret)
+            if name in CALLERS and c is spec["containers"][0]:
+                assert set(CLIENT_FILES) <= set(variables), (name, sorted(variables))
+                seen.add(name)
+    assert seen == set(CALLERS)
+    assert ("Deployment", "ragr1-trainer") not in objects  # the trainer is the Ray head here
+    router = container(objects, "Deployment", "retriever")
+    assert len(arg(router["args"], "--shards").split(",")) == 4
+    # Every server requires the token and serves TLS to clients that show a certificate (mTLS).
+    for component in SERVERS:
+        kind = "StatefulSet" if component in ("retriever-shard", "policy") else "Deployment"
+        if component == "trainer":
+            variables = env(objects[("RayJob", "ragr1-trainer")]["spec"]["rayClusterSpec"]["headGroupSpec"]
+                            ["template"]["spec"]["containers"][0])
+        else:
+            variables = env(container(objects, kind, component))
+        for var in ("RAGR1_AUTH_TOKEN_FILE", "RAGR1_TLS_CERT_FILE", "RAGR1_TLS_KEY_FILE", "RAGR1_TLS_CLIENT_CA_FILE"):
+            assert var in variables, (component, var)
+
+
+def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.Chart) -> None:
+    for values, message in [
+        ({"retriever": {"shards": "4"}}, "at '/retriever/shards': got string, want integer"),
+        ({"retriever": {"shard": {"gpus": -1}}}, "at '/retriever/shard/gpus': minimum"),
+        ({"retriever": {"shardz": 4}}, "additional properties 'shardz' not allowed"),
+        ({"index": {"type": "ivf"}}, "at '/index/type': value must be one of"),
+        ({"auth": {"enabled": "yes"}}, "at '/auth/enabled': got string, want boolean"),
+        ({"tls": {"enabled": True, "secretname": "x"}}, "additional properties 'secretname' not allowed"),
+        ({"trainer": {"ray": {"worker": 4}}}, "additional properties 'worker' not allowed"),
+        ({"policy": {"gpuMemoryUtilization": 1.5}}, "at '/policy/gpuMemoryUtilization': maximum"),
+        ({"redis": {"enabled": False, "externalUrl": "redis.example:6379"}}, "does not match pattern"),
+        ({"ports": {"policy": "50052"}}, "at '/ports/policy': got string, want integer"),
+        ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+    ]:
+        with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+            render(chart, values)
+    render(chart, yaml.safe_load((CHART / "values-cpu.yaml").read_text()))  # the shipped values pass

@@ -1,6 +1,9 @@
 """The policy server with the real vLLM CPU engine and SmolLM2, a real reward server and real Redis.
 
+The policy runs as a deployment runs it: TLS and bearer-token auth on, so every call here goes through
+the client base with the CA and the token, and a real trainer process pushes weights to it.
 Slow: one policy server (one engine load, about 30 s) for the whole module; about 3 minutes in all.
+The last test kills the engine, so it stays last.
 """
 
 from __future__ import annotations
@@ -9,8 +12,11 @@ import concurrent.futures
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,11 +27,14 @@ import grpc
 import pytest
 import redis
 
+from ragr1.services.common.client import ChannelOptions, HealthClient
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer, free_port
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
+from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.v1 import common_pb2, policy_pb2
+from tests.common.pki import write_pki
 from tests.policy.conftest import hotpot_rows
 
 pytestmark = pytest.mark.slow
@@ -38,6 +47,12 @@ WORKER_GROUP = "rollout-workers"
 class PolicyServer:
     process: ServiceProcess
     metrics_port: int
+    # What a client of this server needs: the CA of its certificate, and the token file.
+    client_env: dict[str, str]
+
+    def options(self) -> ChannelOptions:
+        return ChannelOptions(ca_file=self.client_env["RAGR1_CLIENT_CA_FILE"],
+                              token=Path(self.client_env["RAGR1_CLIENT_TOKEN_FILE"]).read_text().strip())
 
     def in_flight_calls(self) -> float:
         text = (
@@ -55,6 +70,11 @@ def policy(
     tmp_path_factory: Any,
 ) -> Iterator[PolicyServer]:
     port, metrics_port = free_port(), free_port()
+    secrets = tmp_path_factory.mktemp("secrets")
+    pki = write_pki(secrets)
+    token = secrets / "token"
+    token.write_text("policy-token\n")
+    client_env = {"RAGR1_CLIENT_CA_FILE": str(pki["ca"]), "RAGR1_CLIENT_TOKEN_FILE": str(token)}
     flags = {
         "port": port,
         "metrics-port": metrics_port,
@@ -69,19 +89,26 @@ def policy(
         "tokens-per-query": 128,
         "retrieval-timeout-seconds": 30,
         "kv-cache-gib": 1,
+        "auth-token-file": token,
+        "tls-cert-file": pki["server_cert"],
+        "tls-key-file": pki["server_key"],
+        "engine-check-seconds": 1,
     }
     args = ["serve", "policy", "--worker", *[x for k, v in flags.items() for x in (f"--{k}", str(v))]]
     log = tmp_path_factory.mktemp("policy") / "policy.log"
     env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    with ServiceProcess.ragr1(
-        "policy", args, f"127.0.0.1:{port}", log, env=env, start_timeout=300
-    ) as service:
-        yield PolicyServer(service, metrics_port)
+    server = PolicyServer(
+        ServiceProcess.ragr1("policy", args, f"localhost:{port}", log, env=env, start_timeout=300), metrics_port,
+        client_env,
+    )
+    server.process.channel_options = server.options()
+    with server.process:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def client(policy: PolicyServer) -> Iterator[PolicyClient]:
-    with PolicyClient(policy.process.target) as c:
+    with PolicyClient(policy.process.target, policy.options()) as c:
         yield c
 
 
@@ -295,3 +322,77 @@ def test_abort_in_flight_ends_running_rollouts_on_the_old_version(
     assert all("weight update" in r.error for r in aborted)
     # New work runs on the new version.
     assert client.generate(["Hi"], GREEDY).weight_version == old + 1
+
+
+def run_trainer(policy: PolicyServer, redis_server: RedisServer, model_dir: Path, out: Path, start_version: int,
+                client_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`ragr1 train ppo` as a process, its credentials from the environment as in a deployment."""
+    args = ["train", "ppo", "--port", "0", "--metrics-port", "0", "--redis-url", redis_server.url,
+            "--policy-replicas", policy.process.target, "--output-dir", str(out), "--model-dir", str(model_dir),
+            "--start-version", str(start_version), "--max-updates", "1", "--lora-rank", "16",
+            "--prompt-limit", "4", "--group", "pushing-trainer", "--consumer", "pushing-trainer-0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGR1_CLIENT_")}
+    return subprocess.run([sys.executable, "-m", "ragr1", *args], env={**env, **client_env},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_trainer_process_pushes_its_weights_over_tls_with_its_token(
+    client: PolicyClient, policy: PolicyServer, redis_server: RedisServer, policy_model_dir: Path, tmp_path: Path
+) -> None:
+    """The trainer's push path with auth and TLS on: a trainer that restarts from its checkpoint of
+    version v sends v to every replica before training on (the same publisher that pushes each update)."""
+    current = client.weight_version().version
+    out = tmp_path / "trainer"
+
+    def link_model(target: Path) -> None:
+        for file in policy_model_dir.iterdir():
+            (target / file.name).symlink_to(file)
+
+    checkpoint = Checkpointer(out / "checkpoints").save(current + 1, {"stage": "ppo", "trained_ids": []},
+                                                        link_model, None)
+    done = run_trainer(policy, redis_server, policy_model_dir, out, current, policy.client_env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    served = client.weight_version()
+    assert (served.version, served.checkpoint_path) == (current + 1, str(checkpoint))
+
+
+def test_a_trainer_without_the_token_stops_at_once_and_says_why(
+    client: PolicyClient, policy: PolicyServer, redis_server: RedisServer, policy_model_dir: Path, tmp_path: Path
+) -> None:
+    current = client.weight_version().version
+    no_token = {"RAGR1_CLIENT_CA_FILE": policy.client_env["RAGR1_CLIENT_CA_FILE"]}
+    started = time.monotonic()
+    refused = run_trainer(policy, redis_server, policy_model_dir, tmp_path / "trainer", current, no_token)
+    assert refused.returncode == 1
+    log = refused.stdout + refused.stderr
+    assert f"policy replica {policy.process.target} refuses the trainer: UNAUTHENTICATED" in log, log[-3000:]
+    assert "RAGR1_CLIENT_TOKEN_FILE" in log
+    assert time.monotonic() - started < 120  # before loading the model or training anything
+    assert not (tmp_path / "trainer" / "checkpoints").exists()
+    assert client.weight_version().version == current
+
+
+def test_a_dead_engine_turns_the_policy_not_serving_and_stops_it(policy: PolicyServer) -> None:
+    """Last in the module: kills vLLM's engine process under the running server."""
+    import psutil
+
+    assert policy.process.process is not None
+    server = psutil.Process(policy.process.process.pid)
+    engines = [p for p in server.children(recursive=True) if "EngineCore" in " ".join(p.cmdline()) + p.name()]
+    assert engines, [(p.name(), p.cmdline()) for p in server.children(recursive=True)]
+    with HealthClient(policy.process.target, policy.options()) as health:
+        assert health.health(service="ragr1.v1.Policy")
+        for engine in engines:
+            engine.kill()
+        deadline = time.monotonic() + 60
+        states = []
+        while time.monotonic() < deadline and policy.process.alive():
+            try:
+                states.append(health.health(timeout=1, service="ragr1.v1.Policy"))
+            except grpc.RpcError:
+                states.append(None)  # stopped listening
+            time.sleep(0.2)
+    assert not policy.process.alive(), "the policy kept running on a dead engine"
+    assert policy.process.process.returncode == 1
+    assert False in states or None in states  # NOT_SERVING (or gone) before the process ended
+    assert "the vLLM engine died" in policy.process.log_tail(20000)

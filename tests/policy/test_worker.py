@@ -179,3 +179,17 @@ def test_samples_are_batched_within_max_batch(
     (dead,) = prompts.dead_letters()
     assert dead["id"] == "huge" and "9 samples" in dead["reason"]
     assert prompts.pending() == 0
+
+
+def test_a_restarted_worker_resumes_its_own_pending_prompts_at_once(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """A replica re-created under the same (stable) consumer name takes back what its predecessor was
+    given and never acknowledged, without waiting reclaim_idle_ms (60 s here)."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce(tasks())
+    assert len(prompts.consume(10)) == 2  # delivered to "w1", which then died
+    policy = make_policy(tokenizer, policy_model_dir, ScriptedSearch())
+    assert run_step(worker_for(policy, reward_server, prompts, rollouts, dead_letter=False)) == 2
+    assert sorted(d.message.task_id for d in rollouts.consume(10)) == ["fr", "ham"]
+    assert prompts.pending() == 0

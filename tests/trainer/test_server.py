@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -13,23 +15,56 @@ import redis
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.common.server import GrpcServer, ServerConfig
 from ragr1.services.trainer.client import AsyncTrainerClient, TrainerClient
-from ragr1.services.trainer.loop import Status
-from ragr1.services.trainer.publisher import WeightPublisher
+from ragr1.services.trainer.loop import PPOLoop, Status
+from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.v1 import policy_pb2, policy_pb2_grpc, trainer_pb2_grpc
 from tests.trainer.rollouts import make_loop, make_rollout, produce
 
 
 class RecordingPolicy(policy_pb2_grpc.PolicyServicer):
-    """Stands in for a policy replica: records the versions it is told to load (the policy service is
-    built and tested on its own branch)."""
+    """Stands in for a policy replica: records the versions it is told to load (the real policy with
+    auth and TLS is in tests/policy/test_integration.py). ``refuse`` answers every update like a policy
+    whose token the trainer does not have."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: bool = False) -> None:
         self.updates: list[policy_pb2.UpdateWeightsRequest] = []
+        self.refuse = refuse
 
     def UpdateWeights(self, request, context):  # type: ignore[no-untyped-def]
+        if self.refuse:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         self.updates.append(request)
         return policy_pb2.UpdateWeightsResponse(version=request.version)
+
+
+@contextlib.contextmanager
+def policy_replica(policy: RecordingPolicy) -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    policy_pb2_grpc.add_PolicyServicer_to_server(policy, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+def run_loop(loop: PPOLoop) -> BaseException | None:
+    """Runs the loop in a thread, as the trainer's server does; returns what it raised."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            loop.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=target)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive()
+    return raised[0] if raised else None
 
 
 def test_status_reports_the_loop_state_over_grpc() -> None:
@@ -72,32 +107,36 @@ def test_status_reports_the_loop_state_over_grpc() -> None:
     asyncio.run(scenario())
 
 
-def test_each_update_is_published_to_every_replica_and_a_dead_one_does_not_stop_training(
+def test_each_update_is_published_to_every_replica_and_a_dead_one_does_not_stop_training_at_once(
     redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     policy = RecordingPolicy()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    policy_pb2_grpc.add_PolicyServicer_to_server(policy, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
+    dead = f"127.0.0.1:{free_port()}"
+    with policy_replica(policy) as live:
         loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=2)
-        loop.publisher = WeightPublisher([f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"], timeout=5)
+        loop.publisher = WeightPublisher([live, dead], timeout=5, max_failures=3)
         produce(redis_client, [make_rollout(f"r{i}") for i in range(4)])
-        runner = threading.Thread(target=loop.run)
-        runner.start()
-        runner.join(120)
-        assert not runner.is_alive()
-    finally:
-        server.stop(0)
+        assert run_loop(loop) is None
     assert [u.version for u in policy.updates] == [1, 2]
     for update in policy.updates:
         assert (Path(update.checkpoint_path) / "model.safetensors").exists()
     records = loop.steps.read()
-    assert [r["published"][f"127.0.0.1:{port}"] for r in records] == ["ok", "ok"]
-    assert all(
-        v.startswith("UNAVAILABLE")
-        for r in records
-        for k, v in r["published"].items()
-        if k != f"127.0.0.1:{port}"
-    )
+    assert [r["published"][live] for r in records] == ["ok", "ok"]
+    assert all(r["published"][dead].startswith("UNAVAILABLE") for r in records)
+
+
+def test_a_replica_that_keeps_refusing_updates_stops_the_trainer_with_the_reason(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A policy that refuses the trainer's token would keep serving version 0 while the trainer trains
+    on, and every rollout would end up stale: the trainer stops after max_failures pushes instead."""
+    with policy_replica(RecordingPolicy(refuse=True)) as refusing:
+        loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=5)
+        loop.publisher = WeightPublisher([refusing], timeout=5, max_failures=2)
+        produce(redis_client, [make_rollout(f"r{i}") for i in range(5)])
+        raised = run_loop(loop)
+    assert isinstance(raised, PublishError), raised
+    message = str(raised)
+    assert f"policy replica {refusing} failed 2 weight updates in a row" in message
+    assert "UNAUTHENTICATED" in message and "RAGR1_CLIENT_TOKEN_FILE" in message
+    assert loop.version == 2  # two updates, both refused, then no more training

@@ -1,27 +1,38 @@
-"""Channels and call options shared by every client of this project.
+"""The one client base of this project: channels with TLS, the bearer token and deadlines attached once.
 
-Each service's ``client.py`` has a sync client (``RetrieverClient``) and an async one
-(``AsyncRetrieverClient``) with the same methods, an explicit ``health()`` and a ``timeout`` argument
-on every call. Both build their channel here, so TLS, the bearer token and the message cap are
-handled once.
+Every service's ``client.py`` subclasses ``Client`` (blocking) or ``AsyncClient`` (asyncio) for its
+stub, and so does every internal caller (the policy's retriever and reward backends, the trainer's
+weight publisher, the router's shard clients). The base opens the channel, attaches the bearer token
+and a default deadline to every call made on it (a channel interceptor, so no call can forget them),
+caps message sizes, answers ``health()`` for the service named by the stub's own descriptor, and is
+a context manager.
 
 In a deployment every client of a process is configured at once through the environment (the Helm
-chart sets these from its Secrets): ``RAGR1_CLIENT_CA_FILE`` (trust this CA: TLS on),
-``RAGR1_CLIENT_CERT_FILE`` and ``RAGR1_CLIENT_KEY_FILE`` (client certificate, for mTLS) and
+chart and the compose file set these from their secrets): ``RAGR1_CLIENT_CA_FILE`` (trust this CA:
+TLS on), ``RAGR1_CLIENT_CERT_FILE`` and ``RAGR1_CLIENT_KEY_FILE`` (client certificate, for mTLS) and
 ``RAGR1_CLIENT_TOKEN_FILE`` (bearer token). Arguments given to ``ChannelOptions`` win over them.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import importlib
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragr1.services.common.server import DEFAULT_MAX_MESSAGE_BYTES
 
 CLIENT_ENV_PREFIX = "RAGR1_CLIENT_"
+TOKEN_ENV = CLIENT_ENV_PREFIX + "TOKEN_FILE"
+DEFAULT_HEALTH_TIMEOUT = 5.0
+_SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def _from_env(name: str) -> str:
@@ -29,15 +40,15 @@ def _from_env(name: str) -> str:
 
 
 def _token_from_env() -> str:
-    path = _from_env("TOKEN_FILE")
+    path = os.environ.get(TOKEN_ENV, "")
     if not path:
         return ""
     try:
         token = Path(path).read_text().strip()
     except OSError as exc:
-        raise ValueError(f"{CLIENT_ENV_PREFIX}TOKEN_FILE={path}: {exc}") from exc
+        raise ValueError(f"{TOKEN_ENV}={path}: {exc}") from exc
     if not token:
-        raise ValueError(f"{CLIENT_ENV_PREFIX}TOKEN_FILE={path} is empty")
+        raise ValueError(f"{TOKEN_ENV}={path} is empty")
     return token
 
 
@@ -62,6 +73,8 @@ class ChannelOptions:
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if not self.ca_file:
+            if self.cert_file or self.key_file:
+                raise ValueError("a client certificate (mTLS) needs the server's CA too (ca_file)")
             return None
         return grpc.ssl_channel_credentials(
             root_certificates=Path(self.ca_file).read_bytes(),
@@ -70,17 +83,199 @@ class ChannelOptions:
         )
 
 
-def open_channel(target: str, options: ChannelOptions | None = None) -> grpc.Channel:
+# -- what every call of a channel gets --------------------------------------------------------------
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallDefaults:
+    """The bearer token added to a call's metadata, and a deadline where the call set none."""
+
+    metadata: tuple[tuple[str, str], ...]
+    timeout: float | None
+
+    def fill(self, details: Any) -> tuple[float | None, tuple[tuple[str, str | bytes], ...]]:
+        metadata = tuple(details.metadata or ())
+        if not any(key == "authorization" for key, _ in metadata):  # a call's own token wins
+            metadata += self.metadata
+        return (self.timeout if details.timeout is None else details.timeout), metadata
+
+    def sync(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        timeout, metadata = self.fill(details)
+        return _CallDetails(
+            details.method, timeout, metadata or None, details.credentials,
+            getattr(details, "wait_for_ready", None), getattr(details, "compression", None),
+        )
+
+    def aio(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        timeout, metadata = self.fill(details)
+        return details._replace(timeout=timeout, metadata=grpc.aio.Metadata(*metadata))
+
+
+class _Interceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, defaults: _CallDefaults) -> None:
+        self.defaults = defaults
+
+    def intercept_unary_unary(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails,
+                              request: Any) -> Any:
+        return continuation(self.defaults.sync(details), request)
+
+    def intercept_unary_stream(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails,
+                               request: Any) -> Any:
+        return continuation(self.defaults.sync(details), request)
+
+
+# grpc.aio sorts a channel's interceptors by kind and takes each object as one kind only.
+class _AioUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, defaults: _CallDefaults) -> None:
+        self.defaults = defaults
+
+    async def intercept_unary_unary(self, continuation: Callable[..., Any],
+                                    details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+        return await continuation(self.defaults.aio(details), request)
+
+
+class _AioUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, defaults: _CallDefaults) -> None:
+        self.defaults = defaults
+
+    async def intercept_unary_stream(self, continuation: Callable[..., Any],
+                                     details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+        return await continuation(self.defaults.aio(details), request)
+
+
+def open_channel(target: str, options: ChannelOptions | None = None, timeout: float | None = None) -> grpc.Channel:
+    """A blocking channel whose every call carries the token and, unless it sets one, ``timeout``."""
     options = options or ChannelOptions()
     creds = options.credentials()
     if creds is None:
-        return grpc.insecure_channel(target, options=options.grpc_options())
-    return grpc.secure_channel(target, creds, options=options.grpc_options())
+        channel = grpc.insecure_channel(target, options=options.grpc_options())
+    else:
+        channel = grpc.secure_channel(target, creds, options=options.grpc_options())
+    return grpc.intercept_channel(channel, _Interceptor(_CallDefaults(options.metadata(), timeout)))
 
 
-def open_aio_channel(target: str, options: ChannelOptions | None = None) -> grpc.aio.Channel:
+def open_aio_channel(target: str, options: ChannelOptions | None = None,
+                     timeout: float | None = None) -> grpc.aio.Channel:
+    """The asyncio twin of ``open_channel``; open it inside the event loop that will use it."""
     options = options or ChannelOptions()
+    defaults = _CallDefaults(options.metadata(), timeout)
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = [_AioUnaryUnary(defaults), _AioUnaryStream(defaults)]
     creds = options.credentials()
     if creds is None:
-        return grpc.aio.insecure_channel(target, options=options.grpc_options())
-    return grpc.aio.secure_channel(target, creds, options=options.grpc_options())
+        return grpc.aio.insecure_channel(target, options=options.grpc_options(), interceptors=interceptors)
+    return grpc.aio.secure_channel(target, creds, options=options.grpc_options(), interceptors=interceptors)
+
+
+def service_name(stub_type: type) -> str:
+    """``ragr1.v1.Retriever`` for ``RetrieverStub``, from the descriptor of the ``_pb2`` module protoc
+    generated beside the stub's ``_pb2_grpc`` module."""
+    messages = importlib.import_module(stub_type.__module__.removesuffix("_grpc"))
+    service = stub_type.__name__.removesuffix("Stub")
+    return str(messages.DESCRIPTOR.services_by_name[service].full_name)
+
+
+# -- the client base -----------------------------------------------------------------------------------
+StubT = TypeVar("StubT")
+
+
+class _ClientBase(Generic[StubT]):
+    # The generated stub class; subclasses set it, and may set their own default deadline.
+    stub_type: type
+    default_timeout: float = 10.0
+
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float | None = None) -> None:
+        self.target = target
+        self.options = options or ChannelOptions()
+        self.timeout = self.default_timeout if timeout is None else timeout
+        self.service = service_name(self.stub_type)
+
+    def _health_request(self, service: str | None) -> health_pb2.HealthCheckRequest:
+        return health_pb2.HealthCheckRequest(service=self.service if service is None else service)
+
+
+class Client(_ClientBase[StubT]):
+    """A blocking client of one service: ``self.stub`` calls it. Use it as a context manager."""
+
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float | None = None) -> None:
+        super().__init__(target, options, timeout)
+        self.channel = open_channel(target, self.options, self.timeout)
+        self.stub: StubT = self.stub_type(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    def health(self, timeout: float = DEFAULT_HEALTH_TIMEOUT, service: str | None = None) -> bool:
+        """True when the server reports the service (``""``: the whole server) SERVING."""
+        reply = self._health.Check(self._health_request(service), timeout=timeout)
+        return bool(reply.status == _SERVING)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+
+class AsyncClient(_ClientBase[StubT]):
+    """The asyncio client of one service: ``self.stub`` calls it. Use it as an async context manager.
+
+    The channel opens on first use, so that it belongs to the event loop that uses it (a client may be
+    built before ``asyncio.run``)."""
+
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float | None = None) -> None:
+        super().__init__(target, options, timeout)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: StubT | None = None
+        self._health: health_pb2_grpc.HealthStub | None = None
+
+    def _open(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = open_aio_channel(self.target, self.options, self.timeout)
+            self._stub = self.stub_type(self._channel)
+            self._health = health_pb2_grpc.HealthStub(self._channel)
+        return self._channel
+
+    @property
+    def stub(self) -> StubT:
+        self._open()
+        assert self._stub is not None
+        return self._stub
+
+    async def health(self, timeout: float = DEFAULT_HEALTH_TIMEOUT, service: str | None = None) -> bool:
+        self._open()
+        assert self._health is not None
+        reply = await self._health.Check(self._health_request(service), timeout=timeout)
+        return bool(reply.status == _SERVING)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel, self._stub, self._health = self._channel, None, None, None
+            await channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+
+class HealthClient(Client[health_pb2_grpc.HealthStub]):
+    """``grpc.health.v1`` alone, for probes: ``health(service="")`` asks about the whole server."""
+
+    stub_type = health_pb2_grpc.HealthStub
+
+    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float | None = None) -> None:
+        super().__init__(target, options, timeout)
+        self.service = ""

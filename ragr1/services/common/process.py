@@ -18,32 +18,26 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragr1.services.common.client import ChannelOptions, open_channel
+from ragr1.services.common.client import ChannelOptions, HealthClient
 
 
 def wait_serving(target: str, timeout: float, options: ChannelOptions | None = None,
                  process: subprocess.Popen[bytes] | None = None, service: str = "") -> None:
     """Polls ``grpc.health.v1.Health/Check`` until SERVING; raises if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
-    channel = open_channel(target, options)
-    stub = health_pb2_grpc.HealthStub(channel)
-    try:
+    with HealthClient(target, options) as client:
         while True:
             if process is not None and process.poll() is not None:
                 raise RuntimeError(f"process for {target} exited with code {process.returncode}")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                if client.health(timeout=1.0, service=service):
                     return
             except grpc.RpcError:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{target} not SERVING after {timeout:.0f}s")
             time.sleep(0.1)
-    finally:
-        channel.close()
 
 
 def parse_ready(line: str) -> dict[str, str]:

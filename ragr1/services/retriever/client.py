@@ -1,27 +1,24 @@
 """Clients of the retriever: ``RetrieverClient`` (sync), ``AsyncRetrieverClient``, and the router's
-``AsyncShardClient`` for the shards. Every call takes a ``timeout`` in seconds (its gRPC deadline)."""
+``AsyncShardClient`` for the shards. Every call takes a ``timeout`` in seconds (its gRPC deadline;
+``None``: the client's default)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragr1.services.common.client import ChannelOptions, open_aio_channel, open_channel
+from ragr1.services.common.client import AsyncClient, Client, service_name
 from ragr1.services.retriever import convert
 from ragr1.services.retriever.results import Hit
 from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0
-SERVICE = "ragr1.v1.Retriever"
-SHARD_SERVICE = "ragr1.v1.RetrieverShard"
 
 
 def shard_health_service(shard: int) -> str:
     """The name under which the router's health service reports whether shard ``shard`` is ready."""
-    return f"{SHARD_SERVICE}/{shard}"
+    return f"{service_name(retriever_pb2_grpc.RetrieverShardStub)}/{shard}"
 
 
 def _search_request(
@@ -36,13 +33,9 @@ def _search_request(
     )
 
 
-class RetrieverClient:
-    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self._options = options or ChannelOptions()
-        self._channel = open_channel(target, self._options)
-        self._stub = retriever_pb2_grpc.RetrieverStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self.timeout = timeout
+class RetrieverClient(Client[retriever_pb2_grpc.RetrieverStub]):
+    stub_type = retriever_pb2_grpc.RetrieverStub
+    default_timeout = DEFAULT_TIMEOUT_S
 
     def search(
         self,
@@ -55,46 +48,20 @@ class RetrieverClient:
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
         request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return self._stub.Search(request, timeout=timeout or self.timeout, metadata=self._options.metadata())
+        return self.stub.Search(request, timeout=timeout)
 
     def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
-        return self._stub.Info(
-            retriever_pb2.InfoRequest(), timeout=timeout or self.timeout, metadata=self._options.metadata()
-        )
-
-    def health(self, timeout: float | None = None) -> bool:
-        """True when the router reports SERVING."""
-        reply = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout)
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        return self.stub.Info(retriever_pb2.InfoRequest(), timeout=timeout)
 
     def shards_ready(self, timeout: float | None = None) -> list[bool]:
         """Per shard, whether the router last saw it SERVING (its health service per shard)."""
-        num_shards = self.info(timeout).num_shards
-        ready = []
-        for shard in range(num_shards):
-            reply = self._health.Check(
-                health_pb2.HealthCheckRequest(service=shard_health_service(shard)), timeout=timeout or self.timeout
-            )
-            ready.append(reply.status == health_pb2.HealthCheckResponse.SERVING)
-        return ready
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> RetrieverClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        deadline = self.timeout if timeout is None else timeout
+        return [self.health(deadline, shard_health_service(s)) for s in range(self.info(timeout).num_shards)]
 
 
-class AsyncRetrieverClient:
-    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self._options = options or ChannelOptions()
-        self._channel = open_aio_channel(target, self._options)
-        self._stub = retriever_pb2_grpc.RetrieverStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self.timeout = timeout
+class AsyncRetrieverClient(AsyncClient[retriever_pb2_grpc.RetrieverStub]):
+    stub_type = retriever_pb2_grpc.RetrieverStub
+    default_timeout = DEFAULT_TIMEOUT_S
 
     async def search(
         self,
@@ -107,64 +74,23 @@ class AsyncRetrieverClient:
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
         request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return await self._stub.Search(request, timeout=timeout or self.timeout, metadata=self._options.metadata())
+        return await self.stub.Search(request, timeout=timeout)
 
     async def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
-        return await self._stub.Info(
-            retriever_pb2.InfoRequest(), timeout=timeout or self.timeout, metadata=self._options.metadata()
-        )
-
-    async def health(self, timeout: float | None = None) -> bool:
-        reply = await self._health.Check(
-            health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout or self.timeout
-        )
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> AsyncRetrieverClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+        return await self.stub.Info(retriever_pb2.InfoRequest(), timeout=timeout)
 
 
-class AsyncShardClient:
+class AsyncShardClient(AsyncClient[retriever_pb2_grpc.RetrieverShardStub]):
     """One shard over gRPC, as the router's ``ShardBackend``."""
 
-    def __init__(self, target: str, options: ChannelOptions | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.target = target
-        self._options = options or ChannelOptions()
-        self._channel = open_aio_channel(target, self._options)
-        self._stub = retriever_pb2_grpc.RetrieverShardStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self.timeout = timeout
+    stub_type = retriever_pb2_grpc.RetrieverShardStub
+    default_timeout = DEFAULT_TIMEOUT_S
 
     async def search(
         self, embeddings: np.ndarray, top_k: int, omit_text: bool = False, timeout: float | None = None
     ) -> list[list[Hit]]:
-        reply = await self._stub.SearchShard(
-            convert.embeddings_to_pb(embeddings, top_k, omit_text),
-            timeout=timeout or self.timeout,
-            metadata=self._options.metadata(),
-        )
+        reply = await self.stub.SearchShard(convert.embeddings_to_pb(embeddings, top_k, omit_text), timeout=timeout)
         return convert.results_from_pb(reply.results)
 
     async def info(self, timeout: float | None = None) -> retriever_pb2.ShardInfoResponse:
-        return await self._stub.ShardInfo(
-            retriever_pb2.ShardInfoRequest(),
-            timeout=timeout or self.timeout,
-            metadata=self._options.metadata(),
-        )
-
-    async def health(self, timeout: float | None = None) -> bool:
-        reply = await self._health.Check(
-            health_pb2.HealthCheckRequest(service=SHARD_SERVICE), timeout=timeout or self.timeout
-        )
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    async def close(self) -> None:
-        await self._channel.close()
+        return await self.stub.ShardInfo(retriever_pb2.ShardInfoRequest(), timeout=timeout)

@@ -7,75 +7,36 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from ragr1.services.common.client import ChannelOptions, open_aio_channel, open_channel
-from ragr1.services.reward.servicer import SERVICE_NAME
+from ragr1.services.common.client import AsyncClient, Client
 from ragr1.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
-_SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-class RewardClient:
-    def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
-        self.options = options or ChannelOptions()
-        self._channel = open_channel(target, self.options)
-        self._stub = reward_pb2_grpc.RewardStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+def _scores(reply: reward_pb2.ScoreResponse, sent: int) -> list[common_pb2.RewardParts]:
+    if len(reply.scores) != sent:
+        raise RuntimeError(f"reward service returned {len(reply.scores)} scores for {sent} items")
+    return list(reply.scores)
+
+
+class RewardClient(Client[reward_pb2_grpc.RewardStub]):
+    stub_type = reward_pb2_grpc.RewardStub
+    default_timeout = DEFAULT_TIMEOUT
 
     def score(
-        self, items: Sequence[reward_pb2.ScoreItem], timeout: float = DEFAULT_TIMEOUT
+        self, items: Sequence[reward_pb2.ScoreItem], timeout: float | None = None
     ) -> list[common_pb2.RewardParts]:
         """One RewardParts per item, in order. Raises grpc.RpcError (INVALID_ARGUMENT for bad input)."""
-        reply = self._stub.Score(
-            reward_pb2.ScoreRequest(items=items), timeout=timeout, metadata=self.options.metadata()
-        )
-        return list(reply.scores)
-
-    def health(self, timeout: float = 5.0) -> bool:
-        """True if the server reports the reward service SERVING."""
-        reply = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
-        return bool(reply.status == _SERVING)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> RewardClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return _scores(self.stub.Score(reward_pb2.ScoreRequest(items=items), timeout=timeout), len(items))
 
 
-class AsyncRewardClient:
-    def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
-        self.options = options or ChannelOptions()
-        self._channel = open_aio_channel(target, self.options)
-        self._stub = reward_pb2_grpc.RewardStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+class AsyncRewardClient(AsyncClient[reward_pb2_grpc.RewardStub]):
+    stub_type = reward_pb2_grpc.RewardStub
+    default_timeout = DEFAULT_TIMEOUT
 
     async def score(
-        self, items: Sequence[reward_pb2.ScoreItem], timeout: float = DEFAULT_TIMEOUT
+        self, items: Sequence[reward_pb2.ScoreItem], timeout: float | None = None
     ) -> list[common_pb2.RewardParts]:
-        reply = await self._stub.Score(
-            reward_pb2.ScoreRequest(items=items), timeout=timeout, metadata=self.options.metadata()
-        )
-        return list(reply.scores)
-
-    async def health(self, timeout: float = 5.0) -> bool:
-        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
-        return bool(reply.status == _SERVING)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> AsyncRewardClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+        reply = await self.stub.Score(reward_pb2.ScoreRequest(items=items), timeout=timeout)
+        return _scores(reply, len(items))

@@ -85,4 +85,7 @@ class PPOConfig(PPOSettings, ServerConfig):
         list, "host:port of every policy replica to send UpdateWeights", factory=True
     )
     update_timeout_seconds: float = setting(120.0, "deadline of each UpdateWeights call")
+    max_failed_pushes: int = setting(
+        3, "stop with an error once a policy replica has refused this many weight versions in a row"
+    )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")

@@ -9,44 +9,100 @@ from pathlib import Path
 
 import grpc
 
-from ragr1.services.common.client import ChannelOptions, open_channel
+from ragr1.services.common.client import TOKEN_ENV, ChannelOptions
+from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer import metrics
-from ragr1.v1 import policy_pb2, policy_pb2_grpc
+from ragr1.v1 import policy_pb2
 
 log = logging.getLogger(__name__)
 
+# Codes no retry can cure: the trainer's configuration (token, certificate) does not match the policy's.
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# A replica down, too slow, refusing the token, or refusing the checkpoint.
+_WATCHED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAUTHENTICATED,
+            grpc.StatusCode.FAILED_PRECONDITION)
+
+
+class PublishError(RuntimeError):
+    """A replica kept refusing weight versions: training on would only produce stale rollouts."""
+
+
+def _hint(code: grpc.StatusCode | None) -> str:
+    if code in _REFUSED:
+        return f" (set {TOKEN_ENV} in the trainer to a file holding the token of the policy's --auth-token-file)"
+    return ""
+
 
 class WeightPublisher:
-    """One channel per replica, opened once. A replica that fails is logged and counted; the others
-    still get the version, and training goes on (the version travels in the rollouts, so a replica
-    that lags produces rollouts the trainer sees as stale)."""
+    """One client per replica, opened once. A replica that fails is logged and counted and the others
+    still get the version; training goes on (the version travels in the rollouts, so a replica that
+    lags produces rollouts the trainer sees as stale) until one replica has failed ``max_failures``
+    pushes in a row: then ``publish`` raises ``PublishError``, so that a trainer whose versions never
+    arrive stops with the reason instead of training on while the policy serves old weights."""
 
     def __init__(
-        self, replicas: Sequence[str], timeout: float, options: ChannelOptions | None = None
+        self,
+        replicas: Sequence[str],
+        timeout: float,
+        options: ChannelOptions | None = None,
+        max_failures: int = 3,
     ) -> None:
+        if max_failures < 1:
+            raise ValueError(f"max_failures must be at least 1, got {max_failures}")
         self.timeout = timeout
-        self._stubs = {
-            target: policy_pb2_grpc.PolicyStub(open_channel(target, options)) for target in replicas
-        }
+        self.max_failures = max_failures
+        self._clients = {target: PolicyClient(target, options, timeout=timeout) for target in replicas}
+        self._failures = dict.fromkeys(self._clients, 0)
+        # The failures an operator acts on exist as series from the start (at 0), so that a dashboard
+        # shows "none" rather than "no data".
+        for code in _WATCHED:
+            metrics.WEIGHT_UPDATE_FAILURES.labels(code.name)
+
+    def check(self, timeout: float = 10.0) -> None:
+        """Asks every replica for its version, so that a refused token stops the trainer at start,
+        before any training. A replica that does not answer yet is only logged."""
+        for target, client in self._clients.items():
+            try:
+                client.weight_version(timeout=timeout)
+            except grpc.RpcError as exc:
+                if exc.code() in _REFUSED:
+                    raise PublishError(
+                        f"policy replica {target} refuses the trainer: {exc.code().name}: {exc.details()}"
+                        + _hint(exc.code())
+                    ) from exc
+                log.warning("policy replica %s not reachable yet: %s", target, exc.details())
 
     def publish(self, version: int, checkpoint: Path) -> dict[str, str]:
-        """Returns replica -> "ok" or the error."""
+        """Returns replica -> "ok" or the error; raises ``PublishError`` at the bound (see the class),
+        after every replica was tried."""
         results = {}
-        request = policy_pb2.UpdateWeightsRequest(
-            version=version,
-            checkpoint_path=str(Path(checkpoint).resolve()),
-            in_flight=policy_pb2.IN_FLIGHT_POLICY_FINISH,
-        )
-        for target, stub in self._stubs.items():
+        path = str(Path(checkpoint).resolve())
+        exhausted: list[str] = []
+        for target, client in self._clients.items():
             start = time.perf_counter()
             try:
-                stub.UpdateWeights(request, timeout=self.timeout)
+                client.update_weights(version, path, policy_pb2.IN_FLIGHT_POLICY_FINISH)
                 results[target] = "ok"
+                self._failures[target] = 0
             except grpc.RpcError as exc:
-                code = exc.code().name if exc.code() else "UNKNOWN"
-                metrics.WEIGHT_UPDATE_FAILURES.labels(code).inc()
-                results[target] = f"{code}: {exc.details()}"
-                log.warning("UpdateWeights v%d on %s failed: %s", version, target, results[target])
+                code = exc.code()
+                name = code.name if code else "UNKNOWN"
+                metrics.WEIGHT_UPDATE_FAILURES.labels(name).inc()
+                results[target] = f"{name}: {exc.details()}"
+                self._failures[target] += 1
+                log.warning("UpdateWeights v%d on %s failed (%d in a row): %s",
+                            version, target, self._failures[target], results[target])
+                if self._failures[target] >= self.max_failures:
+                    exhausted.append(
+                        f"policy replica {target} failed {self._failures[target]} weight updates in a row, "
+                        f"the last (v{version}) with {results[target]}{_hint(code)}"
+                    )
             finally:
                 metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - start)
+        if exhausted:
+            raise PublishError("; ".join(exhausted))
         return results
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()

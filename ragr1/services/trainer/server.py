@@ -17,7 +17,7 @@ from ragr1.services.trainer.data import load_tasks
 from ragr1.services.trainer.loop import LoopSettings, PPOLoop, Status, Updater
 from ragr1.services.trainer.model import PolicyModel
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
-from ragr1.services.trainer.publisher import WeightPublisher
+from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import trainer_pb2_grpc
@@ -46,12 +46,19 @@ def build_updater(config: PPOConfig) -> Updater:
 
 
 def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
-    """Everything checked before any training: the prompts file, the model, Redis."""
+    """Everything checked before any training: the prompts file, Redis, that the policy replicas take
+    the trainer's credentials, the model."""
     prompts = Path(config.prompts_file) if config.prompts_file else shipped.train_path("hotpotqa")
     tasks = load_tasks(prompts, config.mode, config.prompt_limit or None)
     client = redis.Redis.from_url(config.redis_url)
     client.ping()
     out = Path(config.output_dir)
+    publisher = None
+    if config.policy_replicas:
+        publisher = WeightPublisher(
+            config.policy_replicas, config.update_timeout_seconds, max_failures=config.max_failed_pushes
+        )
+        publisher.check()
     settings = LoopSettings(
         batch_size=config.batch_size,
         max_staleness=config.max_staleness,
@@ -61,11 +68,6 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
         group=config.group,
         consumer=config.consumer,
         start_version=config.start_version,
-    )
-    publisher = (
-        WeightPublisher(config.policy_replicas, config.update_timeout_seconds)
-        if config.policy_replicas
-        else None
     )
     return PPOLoop(
         settings,
@@ -80,9 +82,14 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
 
 
 async def serve(config: PPOConfig) -> int:
+    """Trains until ``max_updates``; returns the exit code (1 when weights could not reach the policy)."""
     configure_logging(config.log_level)
     status = Status()
-    loop = build_loop(config, status)
+    try:
+        loop = build_loop(config, status)
+    except PublishError as exc:
+        log.error("trainer stopped before training: %s", exc)
+        return 1
     server = GrpcServer(config, "trainer")
     server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status), "ragr1.v1.Trainer")
     training = asyncio.ensure_future(asyncio.to_thread(loop.run))
@@ -98,6 +105,10 @@ async def serve(config: PPOConfig) -> int:
     watcher = asyncio.ensure_future(stop_when_trained())
     await server.serve(on_stop=on_stop)
     watcher.cancel()
-    version = training.result()
+    try:
+        version = training.result()
+    except PublishError as exc:
+        log.error("trainer stopped at version %d: %s", loop.version, exc)
+        return 1
     log.info("trainer stopped at version %d", version)
     return 0

@@ -1,0 +1,657 @@
+"""`make test-docker`: the CPU image built and the compose stack run under a real Docker engine, then
+checked the way a user would check it; once as docker-compose.yml is, once with auth on.
+
+    .venv/bin/python -m tests.docker.harness [--modes plain,auth] [--keep-going]
+
+1. The engine: `dockerd` is started when it is installed and not running (and stopped at the end);
+   when it is not installed, this says how to install it.
+2. Images, cached between runs: a Python 3.11 base made from Debian packages (debootstrap, then
+   tests/docker/images/python.Dockerfile) for machines that reach no registry, stand-ins for the
+   Redis and Prometheus images compose pulls (Debian's redis-server and prometheus) where those
+   cannot be pulled, and the project's image from docker/Dockerfile, with the build arguments a
+   machine behind a proxy needs (pip's CA bundle, and pip's local torch wheel). Built twice, to time
+   a build from cache too; the time of the first build without any cache is kept in
+   .cache/docker-test/cold-build.json.
+3. The image's run-time needs: vLLM's extension loads (libnuma), and torch.compile works inside a
+   container run with compose's settings (a compiler, Python's headers, an executable /tmp).
+4. For each mode, `docker-compose up` of every service but Grafana (no image), and the checks: every
+   container healthy (the index job exited 0) and none restarted; `curl` to the router's /retrieve
+   returns passages; a gRPC client generated from proto/ alone calls the retriever through the
+   published port (with auth on: refused without the token, answered with it); the trainer makes at
+   least two PPO updates through Redis and the policy's GetWeightVersion follows them; Prometheus
+   reports every ragr1 target up and every dashboard query returns data; `down -v` leaves no
+   container, volume or network of the project. Figures: image size, build times, the time from
+   `up` to every container healthy, the trainer's peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = Path(__file__).resolve().parent / "images"
+STATE = ROOT / ".cache" / "docker-test"
+PROJECT = "ragr1test"
+IMAGE = "ragr1:cpu"
+DEBIAN = "ragr1-local/debian:bookworm"
+PYTHON = "ragr1-local/python:3.11"
+# compose's variable -> (its default image, the Debian stand-in's Dockerfile)
+THIRD_PARTY = {"RAGR1_REDIS_IMAGE": "redis", "RAGR1_PROMETHEUS_IMAGE": "prometheus"}
+# The first N passages of the shipped corpus: an index in about a minute instead of half an hour.
+INDEX_PASSAGES = 2000
+HEALTHY_TIMEOUT_S = 1800
+PPO_UPDATES = 2
+PPO_TIMEOUT_S = 5400  # an update took 28 min here with the machine shared (load 25-35)
+SERVICES = [
+    "redis",
+    "index-build",
+    "retriever-shard-0",
+    "retriever-shard-1",
+    "retriever",
+    "reward",
+    "policy",
+    "trainer",
+    "prometheus",
+]  # every service but Grafana
+RAGR1_TARGETS = 6  # router, two shards, reward, policy, trainer
+
+START = time.monotonic()
+
+
+class Failed(Exception):
+    """A check failed; the message says which and why."""
+
+
+def say(message: str) -> None:
+    print(f"[{time.monotonic() - START:7.1f}s] {message}", flush=True)
+
+
+def run(
+    args: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    check: bool = True,
+    log: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    if log is not None:
+        with log.open("w") as out:
+            result = subprocess.run(args, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        result.stdout = log.read_text()
+    else:
+        result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        output = (result.stdout or "") + (result.stderr or "")
+        raise Failed(f"{' '.join(args[:6])} ... exited {result.returncode}:\n{output[-4000:]}")
+    return result
+
+
+# -- the engine ----------------------------------------------------------------------------------------
+def engine_running() -> bool:
+    return shutil.which("docker") is not None and run(["docker", "info"], check=False, timeout=30).returncode == 0
+
+
+@contextlib.contextmanager
+def docker_engine() -> Iterator[None]:
+    """Starts dockerd when it is installed and not running; stops it again at the end."""
+    if engine_running():
+        yield
+        return
+    dockerd = shutil.which("dockerd")
+    if dockerd is None or shutil.which("docker") is None:
+        raise Failed(
+            "no Docker engine: install one (Debian: `apt-get install -y docker.io docker-compose`, as root), "
+            "then run `make test-docker` again"
+        )
+    if os.geteuid() != 0:
+        raise Failed("dockerd is installed but not running, and only root can start it: start it, then run again")
+    STATE.mkdir(parents=True, exist_ok=True)
+    with (STATE / "dockerd.log").open("ab") as log:
+        daemon = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    say(f"started dockerd (pid {daemon.pid}); its log: {STATE / 'dockerd.log'}")
+    try:
+        deadline = time.monotonic() + 60
+        while not engine_running():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise Failed(f"dockerd did not start; see {STATE / 'dockerd.log'}")
+            time.sleep(1)
+        yield
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        say("stopped dockerd")
+
+
+def compose_command() -> list[str]:
+    if run(["docker", "compose", "version"], check=False).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise Failed("neither `docker compose` nor `docker-compose`: install one (Debian: apt-get install docker-compose)")
+
+
+# -- images --------------------------------------------------------------------------------------------
+def image_exists(name: str) -> bool:
+    return run(["docker", "image", "inspect", name], check=False).returncode == 0
+
+
+def debian_mirror() -> str:
+    """The Debian mirror apt uses on this machine (debootstrap takes the base system from it)."""
+    sources = [
+        *Path("/etc/apt/sources.list.d").glob("*.sources"),
+        Path("/etc/apt/sources.list"),
+        *Path("/etc/apt/sources.list.d").glob("*.list"),
+    ]
+    for path in sources:
+        if not path.exists():
+            continue
+        text = path.read_text()
+        found = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.MULTILINE) or re.search(
+            r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s+\S+", text, re.MULTILINE
+        )
+        if found:
+            return found.group(1)
+    return "http://deb.debian.org/debian"
+
+
+def ensure_debian_base() -> None:
+    if image_exists(DEBIAN):
+        return
+    if shutil.which("debootstrap") is None:
+        if os.geteuid() != 0:
+            raise Failed("debootstrap is missing (apt-get install debootstrap)")
+        run(["apt-get", "install", "-y", "-qq", "debootstrap"], timeout=600)
+    mirror = debian_mirror()
+    say(f"making {DEBIAN} from Debian packages ({mirror}; a few minutes)")
+    with tempfile.TemporaryDirectory(prefix="ragr1-rootfs-", dir="/var/tmp") as rootfs:
+        run(
+            ["debootstrap", "--variant=minbase", "bookworm", rootfs, mirror],
+            timeout=1800,
+            log=STATE / "debootstrap.log",
+        )
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for path in (Path(rootfs) / leftover).glob("*"):
+                if path.is_file():
+                    path.unlink()
+        tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(["docker", "import", "-", DEBIAN], stdin=tar.stdout, capture_output=True, text=True)
+        tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise Failed(f"docker import of the Debian base failed: {imported.stderr}")
+
+
+def build_local(dockerfile: str, tag: str) -> None:
+    run(
+        [
+            "docker",
+            "build",
+            "-q",
+            "-f",
+            str(IMAGES / dockerfile),
+            "--build-arg",
+            f"DEBIAN={DEBIAN}",
+            "-t",
+            tag,
+            str(IMAGES),
+        ],
+        timeout=1200,
+    )
+
+
+def third_party_images(compose: list[str]) -> dict[str, str]:
+    """compose variable -> image: the one compose names when it is here or can be pulled, else a
+    stand-in from Debian's packages under a name of our own (official names are never shadowed)."""
+    names = yaml_services(compose, {var: "" for var in THIRD_PARTY})
+    chosen = {}
+    for variable, short in THIRD_PARTY.items():
+        wanted = names[short]["image"]
+        if image_exists(wanted) or run(["docker", "pull", wanted], check=False, timeout=300).returncode == 0:
+            chosen[variable] = wanted
+            continue
+        stand_in = f"ragr1-local/{short}:bookworm"
+        build_local(f"{short}.Dockerfile", stand_in)
+        chosen[variable] = stand_in
+        say(f"{wanted} cannot be pulled here: using {stand_in}, built from Debian's packages")
+    return chosen
+
+
+def pip_settings() -> tuple[str | None, Path | None]:
+    """This machine's pip CA bundle, and the torch CPU wheel from pip's find-links, if it has them."""
+    config = run([sys.executable, "-m", "pip", "config", "list"], check=False).stdout
+    values: dict[str, str] = {}
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        values.setdefault(key.rsplit(".", 1)[-1], value.strip().strip("'\""))
+    cert = os.environ.get("PIP_CERT") or values.get("cert")
+    wheel = None
+    for folder in (os.environ.get("PIP_FIND_LINKS") or values.get("find-links") or "").split():
+        found = sorted(Path(folder).glob("torch-2.13.0+cpu-cp311-*.whl")) if Path(folder).is_dir() else []
+        wheel = found[-1] if found else wheel
+    return cert if cert and Path(cert).is_file() else None, wheel
+
+
+def build_image() -> dict[str, Any]:
+    """docker/Dockerfile with this machine's build arguments; twice (the second from cache)."""
+    local = ROOT / "docker" / "local"
+    args = ["--build-arg", f"BASE_IMAGE={PYTHON}"]
+    cert, wheel = pip_settings()
+    if cert:
+        shutil.copyfile(cert, local / "pip-ca.crt")
+        args += ["--build-arg", "PIP_CERT=/tmp/local/pip-ca.crt"]
+    if wheel:
+        target = local / wheel.name
+        if not target.exists():
+            try:
+                os.link(wheel, target)
+            except OSError:
+                shutil.copyfile(wheel, target)
+        args += ["--build-arg", "PIP_EXTRA_INDEX_URL="]  # the index PyTorch serves is out of reach here
+    times = []
+    for attempt in ("first", "cached"):
+        log = STATE / f"build-{attempt}.log"
+        say(f"docker build ({attempt}; log: {log})")
+        started = time.monotonic()
+        run(["docker", "build", "-f", "docker/Dockerfile", *args, "-t", IMAGE, str(ROOT)], timeout=5400, log=log)
+        times.append(time.monotonic() - started)
+    built = (STATE / "build-first.log").read_text()
+    cold = "Using cache" not in built
+    record = STATE / "cold-build.json"
+    if cold:
+        record.write_text(json.dumps({"seconds": round(times[0]), "at": time.strftime("%Y-%m-%d %H:%M")}))
+    size = int(run(["docker", "image", "inspect", "--format", "{{.Size}}", IMAGE]).stdout)
+    figures = {"size_gb": size / 1e9, "first_s": times[0], "first_was_cold": cold, "cached_s": times[1]}
+    if record.exists():
+        figures["cold"] = json.loads(record.read_text())
+    return figures
+
+
+def image_runtime_checks(compose: list[str], env: dict[str, str]) -> None:
+    """What the services load at run time, checked before anything is started."""
+    run(["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c", "import vllm._C"], timeout=300)
+    say("ok: vLLM's compiled extension loads (libnuma)")
+    program = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.nn.functional.softmax(x * 2, -1).sum(), backend='inductor')\n"
+        "assert abs(f(torch.ones(4, 8)).item() - 4.0) < 1e-5\n"
+    )
+    run([*compose, "run", "--rm", "--no-deps", "--entrypoint", "python", "reward", "-c", program], env=env, timeout=600)
+    say("ok: torch.compile runs in a container with compose's settings (compiler, headers, executable /tmp)")
+
+
+# -- the stack -------------------------------------------------------------------------------------------
+def yaml_services(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
+    import yaml
+
+    return dict(yaml.safe_load(run([*compose, "config"], env={**os.environ, **env}).stdout)["services"])
+
+
+def containers() -> list[dict[str, Any]]:
+    ids = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}"]).stdout.split()
+    if not ids:
+        return []
+    return list(json.loads(run(["docker", "inspect", *ids]).stdout))
+
+
+def service_of(container: dict[str, Any]) -> str:
+    return str(container["Config"]["Labels"]["com.docker.compose.service"])
+
+
+def state(container: dict[str, Any]) -> str:
+    s = container["State"]
+    if "Health" in s:
+        return str(s["Health"]["Status"])
+    return f"{s['Status']}:{s['ExitCode']}" if s["Status"] == "exited" else str(s["Status"])
+
+
+def wait_healthy(timeout: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while True:
+        states = {service_of(c): state(c) for c in containers()}
+        line = ", ".join(f"{k}={v}" for k, v in sorted(states.items()))
+        if line != shown:
+            say(f"  {line}")
+            shown = line
+        done = set(states) == set(SERVICES) and all(
+            v in ("healthy", "exited:0") if k == "index-build" else v in ("healthy", "running")
+            for k, v in states.items()
+        )
+        if done and states["index-build"] == "exited:0":
+            return states
+        bad = {k: v for k, v in states.items() if v == "unhealthy" or (v.startswith("exited:") and v != "exited:0")}
+        if bad or time.monotonic() > deadline:
+            raise Failed(f"not every container became healthy: {states}")
+        time.sleep(5)
+
+
+def in_container(compose: list[str], env: dict[str, str], service: str, program: str) -> str:
+    """Runs Python inside a running service's container, with its environment (its token, if any)."""
+    return run([*compose, "exec", "-T", service, "python", "-c", program], env=env, timeout=120).stdout.strip()
+
+
+VERSIONS = (
+    "import json\n"
+    "from ragr1.services.policy.client import PolicyClient\n"
+    "from ragr1.services.trainer.client import TrainerClient\n"
+    "with PolicyClient('policy:50052') as p, TrainerClient('trainer:50054') as t:\n"
+    "    v = p.weight_version()\n"
+    "    s = t.status()\n"
+    "    print(json.dumps({'policy': v.version, 'path': v.checkpoint_path, 'trainer': s.policy_version,\n"
+    "                      'trained': s.rollouts_trained}))\n"
+)
+
+
+def peak_memory_bytes(container_id: str) -> int | None:
+    for path in (
+        Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.max_usage_in_bytes"),
+        Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.peak"),
+    ):
+        if path.exists():
+            return int(path.read_text())
+    return None
+
+
+def check_retrieve_with_curl() -> None:
+    body = json.dumps({"queries": ["who wrote hamlet", "capital of france"], "topk": 3})
+    out = run(
+        [
+            "curl",
+            "-sS",
+            "-f",
+            "-X",
+            "POST",
+            "localhost:8000/retrieve",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        timeout=60,
+    ).stdout
+    result = json.loads(out)["result"]
+    if [len(r) for r in result] != [3, 3] or not result[0][0]["contents"]:
+        raise Failed(f"/retrieve answered {out[:500]}")
+    say("ok: curl POST localhost:8000/retrieve returned 3 passages per query")
+
+
+GENERATED_CLIENT = """
+import json, sys, grpc
+from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
+assert "site-packages" not in retriever_pb2.__file__
+stub = retriever_pb2_grpc.RetrieverStub(grpc.insecure_channel(sys.argv[1]))
+token = sys.argv[2]
+out = {}
+for name, metadata in (("with_token", [("authorization", "Bearer " + token)] if token else []), ("without", [])):
+    try:
+        reply = stub.Search(retriever_pb2.SearchRequest(queries=["Hamlet author"], top_k=2), metadata=metadata,
+                            timeout=60)
+        out[name] = [p.title for p in reply.results[0].passages]
+    except grpc.RpcError as exc:
+        out[name] = exc.code().name
+print(json.dumps(out))
+"""
+
+
+def check_generated_client(token: str) -> None:
+    """A client made from proto/ alone with protoc, as a user of any language would, on the published port."""
+    from grpc_tools import protoc
+
+    proto = ROOT / "proto"
+    with tempfile.TemporaryDirectory() as tmp:
+        files = sorted(str(p.relative_to(proto)) for p in (proto / "ragr1" / "v1").glob("*.proto"))
+        if protoc.main(["protoc", f"-I{proto}", f"--python_out={tmp}", f"--grpc_python_out={tmp}", *files]) != 0:
+            raise Failed("protoc failed on proto/")
+        for package in ("ragr1", "ragr1/v1"):
+            (Path(tmp) / package / "__init__.py").touch()
+        script = Path(tmp) / "client.py"
+        script.write_text(GENERATED_CLIENT)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": tmp}
+        out = json.loads(run([sys.executable, str(script), "localhost:50051", token], env=env).stdout)
+    if not isinstance(out["with_token"], list) or len(out["with_token"]) != 2:
+        raise Failed(f"the generated client got {out}")
+    if token and out["without"] != "UNAUTHENTICATED":
+        raise Failed(f"a call without the token got {out['without']}, not UNAUTHENTICATED")
+    refused = " (refused without the token)" if token else ""
+    say(f"ok: a client generated from proto/ searched through localhost:50051{refused}: {out['with_token']}")
+
+
+def check_failure_drills(compose: list[str], env: dict[str, str], token: str) -> None:
+    """What a user sees when things go wrong, with the stack up: bad input is refused naming the
+    limit; a shard down makes the router answer UNAVAILABLE naming the shard, and it serves again
+    once the shard is back. (These also give the dashboards' error panels their series.)"""
+    import grpc
+
+    from ragr1.services.common.client import ChannelOptions
+    from ragr1.services.retriever.client import RetrieverClient
+
+    def search(top_k: int) -> tuple[str, str]:
+        with RetrieverClient("localhost:50051", ChannelOptions(token=token), timeout=60) as client:
+            try:
+                reply = client.search(["Hamlet author"], top_k)
+                return "OK", str(len(reply.results[0].passages))
+            except grpc.RpcError as exc:
+                return exc.code().name, exc.details() or ""
+
+    code, details = search(0)
+    if code != "INVALID_ARGUMENT" or "top_k" not in details:
+        raise Failed(f"top_k=0 got {code}: {details}")
+    run([*compose, "stop", "retriever-shard-1"], env=env, timeout=300)
+    code, details = search(2)
+    if code != "UNAVAILABLE" or "shard 1" not in details:
+        raise Failed(f"with shard 1 stopped the router answered {code}: {details}")
+    run([*compose, "start", "retriever-shard-1"], env=env, timeout=300)
+    wait_healthy(300)
+    if search(2) != ("OK", "2"):
+        raise Failed(f"the router did not serve again after shard 1 came back: {search(2)}")
+    say("ok: bad input refused naming the limit; shard 1 stopped: UNAVAILABLE naming it; back: served again")
+
+
+def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
+    deadline = time.monotonic() + PPO_TIMEOUT_S
+    seen: list[tuple[int, int]] = []
+    trainer = next(c for c in containers() if service_of(c) == "trainer")
+    while True:
+        versions = json.loads(in_container(compose, env, "trainer", VERSIONS))
+        pair = (versions["trainer"], versions["policy"])
+        if not seen or seen[-1] != pair:
+            say(
+                f"  trainer at version {pair[0]} ({versions['trained']} rollouts trained), policy serves {pair[1]}"
+                f" ({versions['path'] or 'the image model'})"
+            )
+            seen.append(pair)
+        if versions["policy"] >= PPO_UPDATES and versions["trainer"] >= PPO_UPDATES:
+            break
+        restarted = {service_of(c): c["RestartCount"] for c in containers() if c["RestartCount"]}
+        if restarted:
+            raise Failed(f"containers restarted during training: {restarted}")
+        if time.monotonic() > deadline:
+            raise Failed(f"fewer than {PPO_UPDATES} updates reached the policy in {PPO_TIMEOUT_S}s: {seen}")
+        time.sleep(15)
+    if [p for _, p in seen] != sorted(p for _, p in seen):
+        raise Failed(f"the policy's version went backwards: {seen}")
+    steps = [
+        json.loads(line)
+        for line in in_container(compose, env, "trainer", "print(open('/checkpoints/steps.jsonl').read())").splitlines()
+        if line.strip()
+    ]
+    for step in steps:
+        if set(step["published"].values()) != {"ok"}:
+            raise Failed(f"update {step['version']} did not reach the policy: {step['published']}")
+    # The trainer is the container's first process: its peak resident set, and the container's peak
+    # as the kernel's memory cgroup counts it (page cache of the checkpoints it writes included).
+    status = in_container(compose, env, "trainer", "print(open('/proc/1/status').read())")
+    hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    peak = peak_memory_bytes(trainer["Id"])
+    say(f"ok: {len(steps)} PPO updates through Redis, the policy's GetWeightVersion followed: {seen}")
+    return {
+        "updates": len(steps),
+        "trainer_rss_gib": int(hwm.group(1)) / 2**20 if hwm else None,
+        "trainer_cgroup_gib": peak / 2**30 if peak else None,
+        "update_seconds": [round(s.get("update_seconds", 0.0), 1) for s in steps],
+    }
+
+
+def prometheus_query(expr: str) -> list[Any]:
+    url = "http://localhost:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=20) as reply:
+            body = json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        raise Failed(f"Prometheus refused {expr!r}: {exc.read()[:300]!r}") from exc
+    return list(body["data"]["result"])
+
+
+def check_prometheus() -> int:
+    from tests.deploy.test_dashboards import GRAFANA_VARIABLES, expressions
+
+    up = prometheus_query('up{job="ragr1"}')
+    values = {r["metric"]["instance"]: r["value"][1] for r in up}
+    if len(values) != RAGR1_TARGETS or set(values.values()) != {"1"}:
+        raise Failed(f"ragr1 targets in Prometheus: {values}")
+    say(f"ok: Prometheus has all {RAGR1_TARGETS} ragr1 targets up")
+    empty = []
+    queries = expressions()
+    for board, title, expr in queries:
+        for name, value in GRAFANA_VARIABLES.items():
+            expr = expr.replace(name, value)
+        if not prometheus_query(expr):
+            empty.append(f"{board} / {title}: {expr}")
+    if empty:
+        raise Failed("dashboard queries without data:\n  " + "\n  ".join(empty))
+    say(f"ok: all {len(queries)} dashboard queries return data")
+    return len(queries)
+
+
+def leftovers() -> dict[str, list[str]]:
+    label = f"label=com.docker.compose.project={PROJECT}"
+    return {
+        "containers": run(["docker", "ps", "-aq", "--filter", label]).stdout.split(),
+        "volumes": run(["docker", "volume", "ls", "-q", "--filter", label]).stdout.split(),
+        "networks": run(["docker", "network", "ls", "-q", "--filter", label]).stdout.split(),
+    }
+
+
+def show_logs(compose: list[str], env: dict[str, str]) -> None:
+    logs = run([*compose, "logs", "--no-color", "--tail", "60"], env=env, check=False, timeout=120)
+    print(logs.stdout[-20000:], flush=True)
+
+
+def run_stack(compose_base: list[str], mode: str, images: dict[str, str], keep: bool) -> dict[str, Any]:
+    files = ["-f", "docker-compose.yml"] + (["-f", "docker-compose.auth.yml"] if mode == "auth" else [])
+    compose = [*compose_base, "-p", PROJECT, "--project-directory", str(ROOT), *files]
+    env = {**os.environ, **images, "RAGR1_IMAGE": IMAGE, "RAGR1_INDEX_PASSAGES": str(INDEX_PASSAGES)}
+    token = ""
+    secrets = Path(tempfile.mkdtemp(prefix="ragr1-secrets-"))
+    if mode == "auth":
+        token = os.urandom(24).hex()
+        (secrets / "token").write_text(token + "\n")
+        (secrets / "token").chmod(0o644)  # read by uid 10001 in the containers
+        env["RAGR1_TOKEN_FILE"] = str(secrets / "token")
+    figures: dict[str, Any] = {"mode": mode}
+    run([*compose, "down", "-v", "--remove-orphans"], env=env, timeout=600)
+    try:
+        say(f"== {mode}: {' '.join(compose_base)} {' '.join(files)} up -d ({', '.join(SERVICES)})")
+        started = time.monotonic()
+        run([*compose, "up", "-d", "--no-build", *SERVICES], env=env, timeout=HEALTHY_TIMEOUT_S, log=STATE / "up.log")
+        wait_healthy(HEALTHY_TIMEOUT_S - (time.monotonic() - started))
+        figures["up_to_healthy_s"] = time.monotonic() - started
+        say(f"ok: every container healthy {figures['up_to_healthy_s']:.0f}s after `up` (index build included)")
+        check_retrieve_with_curl()
+        check_generated_client(token)
+        check_failure_drills(compose, env, token)
+        figures.update(wait_for_updates(compose, env))
+        figures["dashboard_queries"] = check_prometheus()
+        restarted = {service_of(c): c["RestartCount"] for c in containers() if c["RestartCount"]}
+        oom = [service_of(c) for c in containers() if c["State"].get("OOMKilled")]
+        if restarted or oom:
+            raise Failed(f"restarted: {restarted}, OOM-killed: {oom}")
+    except BaseException:
+        show_logs(compose, env)
+        raise
+    finally:
+        if not keep:
+            down = time.monotonic()
+            run([*compose, "down", "-v", "--remove-orphans"], env=env, timeout=900)
+            figures["down_s"] = time.monotonic() - down
+            shutil.rmtree(secrets, ignore_errors=True)
+    left = leftovers()
+    if any(left.values()):
+        raise Failed(f"`down -v` left {left}")
+    say(f"ok: `down -v` left no container, volume or network of project {PROJECT}")
+    return figures
+
+
+def report(build: dict[str, Any], stacks: list[dict[str, Any]]) -> None:
+    print("\n== make test-docker: figures", flush=True)
+    print(f"image {IMAGE}: {build['size_gb']:.2f} GB")
+    cold = build.get("cold")
+    if cold:
+        print(
+            f"build without cache: {cold['seconds'] / 60:.1f} min (measured {cold['at']}"
+            f"{', this run' if build['first_was_cold'] else ''})"
+        )
+    if not build["first_was_cold"]:
+        print(f"build with this machine's cache, first of this run: {build['first_s']:.0f} s")
+    print(f"build again, everything cached: {build['cached_s']:.0f} s")
+
+    def gib(value: float | None) -> str:
+        return f"{value:.2f} GiB" if value else "n/a"
+
+    for s in stacks:
+        print(
+            f"{s['mode']}: `up` to every container healthy {s['up_to_healthy_s'] / 60:.1f} min "
+            f"(index of {INDEX_PASSAGES} passages included); {s['updates']} PPO updates "
+            f"({s['update_seconds']} s each); trainer peak resident memory {gib(s.get('trainer_rss_gib'))} "
+            f"(container, page cache included: {gib(s.get('trainer_cgroup_gib'))}); "
+            f"{s['dashboard_queries']} dashboard queries with data; `down -v` {s.get('down_s', 0):.0f} s"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make test-docker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="plain,auth", help="plain (docker-compose.yml) and/or auth")
+    parser.add_argument("--keep", action="store_true", help="leave the stack running after the checks")
+    args = parser.parse_args(argv)
+    STATE.mkdir(parents=True, exist_ok=True)
+    try:
+        with docker_engine():
+            compose = compose_command()
+            base = [*compose, "-p", PROJECT, "--project-directory", str(ROOT), "-f", "docker-compose.yml"]
+            ensure_debian_base()
+            build_local("python.Dockerfile", PYTHON)
+            images = third_party_images(base)
+            build = build_image()
+            say(
+                f"image {IMAGE}: {build['size_gb']:.2f} GB; built in {build['first_s']:.0f}s, "
+                f"again in {build['cached_s']:.0f}s"
+            )
+            image_runtime_checks(base, {**os.environ, **images, "RAGR1_IMAGE": IMAGE})
+            stacks = [run_stack(compose, mode, images, args.keep) for mode in args.modes.split(",")]
+    except Failed as exc:
+        print(f"\nmake test-docker FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    report(build, stacks)
+    print("make test-docker: passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
