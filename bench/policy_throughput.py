@@ -33,9 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ragr1.agent import grammar  # noqa: E402
+from ragr1.agent.information import Passage  # noqa: E402
+from ragr1.agent.prompts import Mode  # noqa: E402
 from ragr1.data import read_jsonl, train_path  # noqa: E402
 from ragr1.models import prepare_policy_model  # noqa: E402
-from ragr1.services.policy import prompts  # noqa: E402
 from ragr1.services.policy.agent import (  # noqa: E402
     AgentLoop,
     Generation,
@@ -47,7 +49,6 @@ from ragr1.services.policy.agent import (  # noqa: E402
 )
 from ragr1.services.policy.backends import RetrieverSearch  # noqa: E402
 from ragr1.services.policy.engine import EngineSettings, VllmEngine  # noqa: E402
-from ragr1.services.policy.prompts import Passage  # noqa: E402
 
 
 class TransformersEngine:
@@ -203,7 +204,7 @@ async def main(args: argparse.Namespace) -> None:
     sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1234)
     print(
         f"{len(tasks)} HotpotQA questions, up to {args.max_turns} turns + a final one, {args.max_tokens} "
-        f"tokens per turn, temperature 1.0, stop at {list(prompts.STOP_STRINGS)}; model {model}"
+        f"tokens per turn, temperature 1.0, stop at {list(grammar.STOP_STRINGS)}; model {model}"
     )
 
     print(f"load average at start {os.getloadavg()[0]:.1f} (other processes slow every engine alike)")
@@ -255,12 +256,10 @@ async def main(args: argparse.Namespace) -> None:
         print("\nSingle- vs multi-query: pass --retriever-address of a running `ragr1 serve retriever`.")
         return
     print(f"\nSingle- vs multi-query mode (tuned vLLM, retriever at {args.retriever_address}):")
-    for multi in (False, True):
+    for mode in (Mode.SINGLE, Mode.MULTI):
         search = RetrieverSearch(args.retriever_address, top_k=3, timeout=30)
-        mode_tasks = [dataclasses.replace(t, multi_query=multi) for t in tasks]
-        run = await vllm_run(
-            "multi" if multi else "single", tuned, tokenizer, mode_tasks, cfg, sampling, search
-        )
+        mode_tasks = [dataclasses.replace(t, mode=mode) for t in tasks]
+        run = await vllm_run(mode.value, tuned, tokenizer, mode_tasks, cfg, sampling, search)
         await search.close()
         n = len(run.trajectories)
         rounds = sum(t.retrieval_rounds for t in run.trajectories) / n

@@ -22,6 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat
+from ragr1.agent.prompts import Mode
 from ragr1.data import train_path
 from ragr1.models import prepare_policy_model
 from ragr1.services.common.redis_server import RedisServer
@@ -60,7 +62,7 @@ def rollout_samples(tokenizer: object, count: int, response_tokens: int) -> list
     generator = torch.Generator().manual_seed(0)
     out = []
     for i, task in enumerate(tasks):
-        prompt = data.render_prompt_ids(tokenizer, task.question, multi_query=True)  # type: ignore[arg-type]
+        prompt = data.render_prompt_ids(tokenizer, task.question, Mode.MULTI)  # type: ignore[arg-type]
         response = torch.randint(100, 40000, (response_tokens,), generator=generator).tolist()
         third = response_tokens // 3
         mask = [1] * third + [0] * third + [1] * (response_tokens - 2 * third)
@@ -140,7 +142,10 @@ def main() -> None:
     tokenizer = PolicyModel(model_dir).tokenizer
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
     items = data.load_supported_questions(train_path("hotpotqa"), limit=args.sequences // 2)
-    sft_sequences = data.sft_sequences(tokenizer, items, ("single", "multi"), top_k=3, passage_words=40)
+    information = InformationFormat(tokenizer, TOKENS_PER_QUERY)  # type: ignore[arg-type]
+    sft_sequences = data.tokenize_trajectories(
+        tokenizer, data.sft_trajectories(items, ("single", "multi"), information, TOP_K)
+    )
     mean_len = sum(len(s.prompt_ids) + len(s.response_ids) for s in sft_sequences) / len(sft_sequences)
     print(f"\nSFT: {len(sft_sequences)} trajectories per step, {mean_len:.0f} tokens each")
     base = None

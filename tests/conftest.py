@@ -1,9 +1,11 @@
-"""Fixtures every test folder may use: a real Redis server, free ports."""
+"""Fixtures every test folder may use: a real Redis server, free ports, the shipped policy model."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +33,18 @@ def redis_client(redis_server: RedisServer):  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def policy_model_dir() -> Path:
+    """SmolLM2-135M-Instruct, converted from the package that ships it (cached after the first time)."""
+    from ragr1.models import prepare_policy_model
+
+    return prepare_policy_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(policy_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(policy_model_dir))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.data import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.services.common import ports
 from ragr1.services.common.config import add_arguments, from_args
@@ -42,8 +43,12 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ragr1.stack.demo import DemoConfig, demo
+    from ragr1.stack.demo import DemoConfig, demo, preset_path
 
+    if args.preset:
+        if args.config:
+            raise ValueError("give --preset or --config, not both (flags override either)")
+        args.config = preset_path(args.preset)
     return _guarded(demo, from_args(DemoConfig, args))
 
 
@@ -57,7 +62,7 @@ def _eval(args: argparse.Namespace) -> int:
     sources = [s for s in args.benchmarks.split(",") if s] + list(args.file or [])
     if not sources:
         raise ValueError("nothing to evaluate: give --benchmarks and/or --file")
-    modes = list(evaluate.MODES) if args.mode == "both" else [args.mode]
+    modes = evaluate.parse_modes(args.mode)
     sets = {str(s): evaluate.load_questions(s, args.limit) for s in sources}  # bad files fail before any work
     with PolicyClient(target) as policy:
         if args.checkpoint:
@@ -67,10 +72,10 @@ def _eval(args: argparse.Namespace) -> int:
         summaries, records = [], []
         for name, questions in sets.items():
             for mode in modes:
-                summary, rollouts = evaluate.evaluate(
-                    lambda tasks: policy.rollout(tasks), Path(name).name.split(".")[0], questions, mode,
-                    batch_size=args.batch_size,
+                rollouts, seconds = evaluate.run_questions(
+                    lambda tasks: policy.rollout(tasks), questions, mode, batch_size=args.batch_size
                 )
+                summary = evaluate.summarise(Path(name).name.split(".")[0], mode, rollouts, seconds)
                 summaries.append(summary)
                 records += [{"benchmark": summary.benchmark, "mode": mode, **evaluate.rollout_record(r)}
                             for r in rollouts]
@@ -87,7 +92,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from ragr1.stack.prepare import prepare
 
     sources = [s for s in args.train_files.split(",") if s]
-    done = prepare(sources, Path(args.out), args.limit, args.top_k, args.passage_words)
+    done = prepare(sources, Path(args.out), args.limit, args.top_k, args.tokens_per_query)
     print(f"{done.questions} questions -> {done.prompts}, {done.parquet['single']}, {done.parquet['multi']}")
     print(f"{done.trajectories} SFT trajectories (single and multi-query) -> {done.sft}")
     return 0
@@ -101,9 +106,12 @@ def register(commands: Any, serve: Any) -> None:
     up.set_defaults(run=_up)
 
     demo = commands.add_parser(
-        "demo", help="the stack, then evaluate, SFT, PPO through the queue, evaluate again: a before/after table"
+        "demo", help="the stack, then base / SFT / RL stages, each evaluated on the same held-out questions"
     )
     add_arguments(demo, DemoConfig)
+    demo.add_argument("--preset", default="",
+                      help="quick (a smoke run, minutes) or long (hours: RL long enough to move held-out EM); "
+                           "a YAML file of settings under ragr1/stack/presets/, overridden by flags")
     demo.set_defaults(run=_demo)
 
     ev = commands.add_parser("eval", help="evaluate the served policy on benchmarks through the running stack")
@@ -113,7 +121,8 @@ def register(commands: Any, serve: Any) -> None:
                     help=f"comma-separated, of: {', '.join(EVAL_BENCHMARKS)}")
     ev.add_argument("--file", nargs="*", help="JSONL files in the same layout (question, golden_answers)")
     ev.add_argument("--limit", type=int, default=None, help="first N questions of each")
-    ev.add_argument("--mode", choices=["single", "multi", "both"], default="multi")
+    ev.add_argument("--mode", default="multi",
+                    help="none (no retrieval), single, multi, a comma-separated list, both (single,multi) or all")
     ev.add_argument("--batch-size", type=int, default=16, help="questions per Policy.Rollout call")
     ev.add_argument("--checkpoint", default="", help="load this checkpoint into the policy first")
     ev.add_argument("--out", default="", help="write the summaries and every question's answer and scores as JSON here")
@@ -126,6 +135,7 @@ def register(commands: Any, serve: Any) -> None:
                       help="shipped sets and/or JSONL files with question, golden_answers, paragraphs")
     prep.add_argument("--out", default="runs/data", help="output folder")
     prep.add_argument("--limit", type=int, default=None, help="first N questions of each file")
-    prep.add_argument("--top-k", type=int, default=3, help="passages per query in the SFT information blocks")
-    prep.add_argument("--passage-words", type=int, default=40, help="words kept of each passage (0: all)")
+    prep.add_argument("--top-k", type=int, default=TOP_K, help="passages per query in the SFT information blocks")
+    prep.add_argument("--tokens-per-query", type=int, default=TOKENS_PER_QUERY,
+                      help="tokens of documents per query in the information blocks (the policy's value)")
     prep.set_defaults(run=_prepare)

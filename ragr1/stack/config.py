@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common.config import setting
+from ragr1.services.policy.agent import LoopConfig
+
+_LOOP = LoopConfig()
 
 
 @dataclasses.dataclass
@@ -15,8 +18,10 @@ class StackConfig:
     index_type: str = setting("flat", "flat (exact inner product), ivfpq or hnsw")
     max_passage_tokens: int = setting(128, "encoder tokens kept per passage when indexing")
     model: str = setting("", "policy checkpoint to serve; empty: SmolLM2-135M-Instruct from its package")
-    max_turns: int = setting(4, "policy: generation turns before the forced answer turn (RAG-R1: 4)")
+    max_turns: int = setting(_LOOP.max_turns, "policy: generation turns before the forced answer turn (RAG-R1: 4)")
     max_tokens_per_turn: int = setting(256, "policy: new tokens per generation turn")
+    tokens_per_query: int = setting(_LOOP.tokens_per_query, "policy: document tokens per query in <information>")
+    max_model_len: int = setting(_LOOP.max_model_len, "policy: context length (prompt + response)")
     kv_cache_gib: int = setting(2, "policy: GiB of RAM for vLLM's KV cache")
     start_timeout: float = setting(600.0, "seconds a service may take to become healthy")
 

@@ -1,19 +1,30 @@
-"""``ragr1 demo``: the whole system training a real model to search, with a before/after table.
+"""``ragr1 demo``: the whole system training a real model to search, one stage at a time.
 
-On top of the local stack: evaluate the served model on held-out questions in both search modes;
-format-learning SFT (``ragr1 train sft``) and a weight update to the policy; PPO updates through the
-real queue (``ragr1 train ppo``: prompts to Redis, rollout workers, rollouts back, weights pushed to
-the policy after every update); evaluate again; write a JSON report and PNG plots.
-``--quick`` uses fewer questions and steps and a smaller index slice: the same code path.
+A recipe in phases over the local stack:
+
+1. **setup**: held-out and training questions (multi-hop, no yes/no), the index, every service;
+2. **evaluate** the base model;
+3. **SFT** (``ragr1 train sft``, format learning), pushed to the policy as version 1, then evaluate;
+4. **RL** (``ragr1 train ppo``) through the real queue: prompts to Redis, rollout workers, rollouts back,
+   weights pushed after every update; then evaluate;
+5. **report**: one row per stage, source and mode, with 95% bootstrap intervals, the best constant answer
+   of each source, paired stage-to-stage gains, and the plots.
+
+Every evaluation runs the same held-out questions greedily in three modes (no retrieval, single-query,
+multi-query), with nothing else running on the policy, so each stage's effect is visible on its own.
+Presets (``--preset quick|long``) are YAML files of settings beside this module; flags override them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,172 +32,329 @@ import grpc
 from tqdm import tqdm
 
 from ragr1.services.common.config import setting
+from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.steplog import StepLog
-from ragr1.stack import evaluate, plan, report
+from ragr1.stack import evaluate, plan, report, stats
 from ragr1.stack.config import StackConfig
-from ragr1.stack.index import ensure_index
-from ragr1.stack.local import policy_model, run_dir
-from ragr1.stack.questions import split_questions, write_jsonl
-from ragr1.stack.supervisor import ServiceSpec, StackError, Supervisor
+from ragr1.stack.local import policy_model, run_dir, start_stack
+from ragr1.stack.questions import SOURCES, Split, split_questions, write_jsonl
+from ragr1.stack.supervisor import StackError, Supervisor
+from ragr1.v1 import common_pb2
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+STAGES = ("base", "sft", "rl")
+EVAL_MODES = ("none", "single", "multi")
+# The rollout workers' consumer group on the prompts stream (the policy's default).
+WORKER_GROUP = "rollout-workers"
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+        raise ValueError(f"no demo preset {name!r}; presets: default, {known}")
+    return path
 
 
 @dataclasses.dataclass
 class DemoConfig(StackConfig):
-    quick: bool = setting(False, "a few minutes: 2+2 eval questions, 4+4 training questions, 1 PPO update")
-    eval_questions: int = setting(10, "held-out questions per source (hotpotqa, popqa), both modes, twice")
-    train_questions: int = setting(24, "training questions per source, for SFT trajectories and PPO prompts")
-    sft_epochs: int = setting(2, "SFT passes over the trajectories")
-    sft_lr: float = setting(5e-5, "SFT learning rate (a short run needs more than a long one)")
-    ppo_updates: int = setting(3, "PPO updates (each: a batch of rollouts through Redis, a weights push)")
-    ppo_batch: int = setting(8, "rollouts per PPO update")
-    actor_lr: float = setting(2e-6, "PPO actor learning rate")
+    # The policy's loop sized for two CPU cores: shorter blocks and context than the defaults (RAG-R1's
+    # layout and per-query cut all the same); SFT uses the same values, so it teaches what RL shows.
+    tokens_per_query: int = setting(160, "policy and SFT: document tokens per query in <information>")
+    max_model_len: int = setting(4096, "policy: context length (prompt + response)")
+    max_tokens_per_turn: int = setting(192, "policy: new tokens per generation turn")
+    sources: list[str] = setting(lambda: list(SOURCES), "question sources (training files with paragraphs)",
+                                 factory=True)
+    eval_questions: int = setting(15, "held-out questions per source, evaluated in every mode after every stage")
+    train_questions: int = setting(40, "training questions per source: SFT trajectories and RL prompts")
+    eval_batch: int = setting(32, "questions per Policy.Rollout call when evaluating")
+    sft_epochs: int = setting(2, "SFT passes over the trajectories (single- and multi-query of each question)")
+    sft_lr: float = setting(5e-5, "SFT learning rate (full fine-tune)")
+    sft_micro_batch: int = setting(2, "SFT sequences per forward/backward")
+    rl_updates: int = setting(6, "RL updates (each: a batch of rollouts through Redis, then a weights push)")
+    rl_prompts: int = setting(4, "prompts per RL update")
+    rl_samples: int = setting(4, "rollouts per prompt (a GRPO group)")
+    rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
+    rl_lr: float = setting(2e-5, "RL actor learning rate (LoRA adapters)")
+    rl_lora_rank: int = setting(16, "RL LoRA rank (0: full fine-tune)")
+    rl_micro_batch: int = setting(2, "RL sequences per forward/backward")
+    rl_mode: str = setting("multi", "search mode of the RL prompts: single or multi (RAG-R1 trains multi)")
+    quick_index: bool = setting(False, "index only the paragraphs of the demo's questions (minutes saved)")
 
-    def sized(self) -> DemoConfig:
-        """The quick variant's sizes; everything else (and the code path) stays the same."""
-        if not self.quick:
-            return self
-        return dataclasses.replace(self, eval_questions=2, train_questions=4, sft_epochs=1, ppo_updates=1,
-                                   ppo_batch=4, max_turns=2, max_tokens_per_turn=64)
+
+@dataclasses.dataclass
+class StageResult:
+    stage: str
+    policy_version: int
+    summaries: list[evaluate.EvalSummary]
+    # Per question, keyed by (source, mode): rollout records in question order (for paired gains).
+    records: list[dict[str, Any]]
+    seconds: float
 
 
-def _evaluate_all(policy: PolicyClient, questions: list[evaluate.Question], label: str,
-                  ) -> tuple[list[evaluate.EvalSummary], list[dict[str, Any]]]:
-    summaries, records = [], []
-    with tqdm(total=2 * len(questions), desc=f"evaluate {label}", unit=" q") as bar:
-        for mode in evaluate.MODES:
-            summary, rollouts = evaluate.evaluate(
-                lambda tasks: policy.rollout(tasks), "held-out", questions, mode, batch_size=16,
-                run=label, progress=bar.update,
+class Demo:
+    def __init__(self, config: DemoConfig) -> None:
+        if config.rl_mode not in ("single", "multi"):
+            raise StackError(f"--rl-mode must be single or multi, got {config.rl_mode!r}")
+        self.config = config
+        self.directory = run_dir(config)
+        self.ports = plan.Ports.of(config)
+        self.phases: dict[str, float] = {}
+        self.stages: list[StageResult] = []
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.perf_counter() - start, 1)
+
+    # -- setup ----------------------------------------------------------------------------------
+    def questions(self) -> Split:
+        c = self.config
+        split = split_questions(c.eval_questions, c.train_questions, sources=c.sources)
+        data_dir = self.directory / "data"
+        self.eval_file = write_jsonl(split.eval, data_dir / "eval.jsonl")
+        self.train_file = write_jsonl(split.train, data_dir / "train.jsonl")
+        self.eval_set = evaluate.load_questions(self.eval_file)
+        return split
+
+    def start(self) -> Supervisor:
+        c = self.config
+        self.model = policy_model(c)
+        split = self.questions()
+        trainer = plan.trainer_spec(c, self.ports, self.model, self.directory)  # its ports checked up front
+        return start_stack(c, self.directory, reserved=[trainer], model=self.model,
+                           index_ids=split.passage_ids() if c.quick_index else None)
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, stage: str, policy: PolicyClient) -> StageResult:
+        c = self.config
+        version = policy.weight_version().version
+        summaries: list[evaluate.EvalSummary] = []
+        records: list[dict[str, Any]] = []
+        start = time.perf_counter()
+        with tqdm(total=len(EVAL_MODES) * len(self.eval_set), desc=f"evaluate {stage}", unit=" q") as bar:
+            for mode in EVAL_MODES:
+                rollouts, seconds = evaluate.run_questions(
+                    lambda tasks: policy.rollout(tasks), self.eval_set, mode, batch_size=c.eval_batch,
+                    run=stage, progress=bar.update,
+                )
+                summaries += evaluate.summarise_sources(mode, rollouts, seconds)
+                records += [{"stage": stage, **evaluate.rollout_record(r)} for r in rollouts]
+        result = StageResult(stage, version, summaries, records, time.perf_counter() - start)
+        self.stages.append(result)
+        return result
+
+    def wait_for_idle_workers(self, supervisor: Supervisor, timeout: float = 600.0) -> None:
+        """Evaluation must not share the engine with rollouts: waits until no prompt is in flight."""
+        assert supervisor.redis is not None
+        client = supervisor.redis.client()
+        prompts: StreamQueue[Any] = StreamQueue(client, PROMPTS, common_pb2.PromptTask, group=WORKER_GROUP)
+        deadline = time.monotonic() + timeout
+        while prompts.pending() or prompts.undelivered():
+            if time.monotonic() > deadline:
+                raise StackError(f"rollout workers still busy after {timeout:.0f} s; see {supervisor.log_dir}")
+            time.sleep(1.0)
+        client.close()
+
+    # -- training -------------------------------------------------------------------------------
+    def sft(self) -> Path:
+        """``ragr1 train sft`` as a child process (its log beside the services'); returns the checkpoint."""
+        c = self.config
+        out = self.directory / "sft"
+        log = self.directory / "logs" / "sft.log"
+        args = [
+            sys.executable, "-m", "ragr1", "train", "sft", "--model-dir", str(self.model),
+            "--train-files", str(self.train_file), "--limit", "0", "--modes", "single,multi",
+            "--epochs", str(c.sft_epochs), "--lr", str(c.sft_lr), "--micro-batch-size", str(c.sft_micro_batch),
+            "--top-k", "3", "--tokens-per-query", str(c.tokens_per_query), "--output-dir", str(out),
+        ]
+        print(f"SFT (format learning) on {self.train_file.name}; log {log}", flush=True)
+        with open(log, "ab") as handle:
+            result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT)
+        if result.returncode != 0:
+            raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
+        checkpoints = sorted((out / "checkpoints").glob("v*"))
+        if not checkpoints:
+            raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
+        return checkpoints[-1]
+
+    def rl(self, supervisor: Supervisor, start_checkpoint: Path, start_version: int) -> int:
+        """The trainer as a service of the stack until it has made ``rl_updates`` updates; returns the
+        version the policy then serves."""
+        c = self.config
+        self.rl_dir = self.directory / "rl"
+        spec = plan.trainer_spec(
+            c, self.ports, start_checkpoint, self.rl_dir,
+            "--prompts-file", str(self.train_file), "--mode", c.rl_mode, "--start-version", str(start_version),
+            "--max-updates", str(c.rl_updates), "--batch-size", str(c.rl_prompts * c.rl_samples),
+            "--samples-per-prompt", str(c.rl_samples), "--advantage", c.rl_advantage,
+            "--actor-lr", str(c.rl_lr), "--lora-rank", str(c.rl_lora_rank),
+            "--micro-batch-size", str(c.rl_micro_batch),
+        )
+        proc = supervisor.add(spec)
+        target = start_version + c.rl_updates
+        trainer = TrainerClient(spec.target)
+        with tqdm(total=c.rl_updates, desc="RL updates") as bar:
+            done = 0
+            while proc.alive():
+                dead = [d for d in supervisor.dead() if d != "trainer"]
+                if dead:
+                    raise StackError(supervisor.describe_death(dead[0]))
+                try:
+                    version = int(trainer.status(timeout=5).policy_version)
+                except grpc.RpcError:  # the trainer stops its server once it is done
+                    version = start_version + done
+                if version - start_version > done:
+                    bar.update(version - start_version - done)
+                    done = version - start_version
+                time.sleep(2)
+            bar.update(c.rl_updates - done)
+        trainer.close()
+        code = proc.process.returncode if proc.process else None
+        if code != 0:
+            raise StackError(f"the trainer exited with code {code}; its log is {proc.log_path}")
+        return target
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        with self._phase("setup"):
+            supervisor = self.start()
+        policy_target = f"{plan.HOST}:{self.ports.policy}"
+        with supervisor, PolicyClient(policy_target) as policy:
+            with self._phase("evaluate base"):
+                self.evaluate("base", policy)
+            with self._phase("sft"):
+                sft_checkpoint = self.sft()
+                update = policy.update_weights(1, str(sft_checkpoint))
+                print(f"policy serves the SFT weights as version {update.version} ({update.seconds:.1f} s)",
+                      flush=True)
+            with self._phase("evaluate sft"):
+                self.evaluate("sft", policy)
+            with self._phase("rl"):
+                final_version = self.rl(supervisor, sft_checkpoint, start_version=1)
+                served = policy.weight_version().version
+                if served != final_version:
+                    raise StackError(f"the policy serves version {served}, expected {final_version} after RL")
+                self.wait_for_idle_workers(supervisor)
+            with self._phase("evaluate rl"):
+                self.evaluate("rl", policy)
+            latencies = report.service_latencies(
+                {name: info["metrics"] for name, info in supervisor.endpoints()["services"].items()}
             )
-            summaries.append(summary)
-            records += [evaluate.rollout_record(r) for r in rollouts]
-    return summaries, records
+        return self.report(latencies, sft_checkpoint, time.perf_counter() - started)
 
+    # -- report ---------------------------------------------------------------------------------
+    def baselines(self) -> list[dict[str, Any]]:
+        out = []
+        for source in self.config.sources:
+            golds = [q.golden_answers for q in self.eval_set if q.data_source == source]
+            if golds:
+                best = stats.best_constant(golds)
+                out.append({"source": source, "answer": best.answer, "questions": len(golds),
+                            "exact_match": dataclasses.asdict(best.exact_match), "f1": dataclasses.asdict(best.f1)})
+        return out
 
-def _run_sft(config: DemoConfig, directory: Path, train_file: Path, model: Path) -> Path:
-    """``ragr1 train sft`` as a child process (its log beside the services'); returns the checkpoint."""
-    out = directory / "sft"
-    log = directory / "logs" / "sft.log"
-    args = [
-        sys.executable, "-m", "ragr1", "train", "sft", "--model-dir", str(model), "--train-files", str(train_file),
-        "--limit", "0", "--modes", "single,multi", "--epochs", str(config.sft_epochs), "--lr", str(config.sft_lr),
-        "--micro-batch-size", "2", "--output-dir", str(out),
-    ]
-    print(f"SFT (format learning) on {train_file.name}; log {log}", flush=True)
-    with open(log, "ab") as handle:
-        result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
-    checkpoints = sorted((out / "checkpoints").glob("v*"))
-    if not checkpoints:
-        raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
-    return checkpoints[-1]
+    def gains(self) -> list[dict[str, Any]]:
+        """Per source and search mode: each stage against the one before, on the same questions."""
+        out = []
+        by_stage = {s.stage: s for s in self.stages}
+        for earlier, later in itertools.pairwise(STAGES):
+            if earlier not in by_stage or later not in by_stage:
+                continue
+            for source in self.config.sources:
+                for mode in EVAL_MODES:
+                    def scores(stage: str, key: str, source: str = source, mode: str = mode) -> list[float]:
+                        rows = [r for r in by_stage[stage].records if r["data_source"] == source
+                                and r["mode"] == mode]
+                        return [float(r[key]) for r in sorted(rows, key=lambda r: r["question"])]
+                    em = stats.paired_difference(scores(later, "exact_match"), scores(earlier, "exact_match"))
+                    f1 = stats.paired_difference(scores(later, "f1"), scores(earlier, "f1"))
+                    out.append({"from": earlier, "to": later, "source": source, "mode": mode,
+                                "exact_match": dataclasses.asdict(em), "f1": dataclasses.asdict(f1)})
+        return out
 
+    def table(self, baselines: list[dict[str, Any]]) -> str:
+        header = ["stage", *evaluate.HEADER]
+        rows = []
+        for b in baselines:
+            em, f1 = stats.Estimate(**b["exact_match"]), stats.Estimate(**b["f1"])
+            rows.append([f"constant {b['answer']!r}", b["source"], "-", str(b["questions"]), str(em), str(f1),
+                         "-", "-", "-", "-"])
+        for stage in self.stages:
+            rows += [[stage.stage, *s.row()] for s in stage.summaries]
+        return evaluate.format_table(rows, header)
 
-def _run_ppo(config: DemoConfig, supervisor: Supervisor, ports: plan.Ports, sft_checkpoint: Path,
-             train_file: Path) -> tuple[Path, int]:
-    """The PPO trainer as a service of the stack until it has made ``ppo_updates`` updates."""
-    out = supervisor.run_dir / "ppo"
-    spec = plan.trainer_spec(
-        config, ports, sft_checkpoint, out,
-        "--prompts-file", str(train_file), "--mode", "multi", "--start-version", "1",
-        "--max-updates", str(config.ppo_updates), "--batch-size", str(config.ppo_batch),
-        "--actor-lr", str(config.actor_lr), "--micro-batch-size", "2",
-    )
-    proc = supervisor.add(spec)
-    target = 1 + config.ppo_updates
-    trainer = TrainerClient(spec.target)
-    with tqdm(total=config.ppo_updates, desc="PPO updates") as bar:
-        done = 0
-        while proc.alive():
-            dead = [d for d in supervisor.dead() if d != "trainer"]
-            if dead:
-                raise StackError(supervisor.describe_death(dead[0]))
-            try:
-                version = int(trainer.status(timeout=5).policy_version)
-            except grpc.RpcError:  # the trainer stops its server once it is done
-                version = done + 1
-            if version - 1 > done:
-                bar.update(version - 1 - done)
-                done = version - 1
-            time.sleep(2)
-        bar.update(config.ppo_updates - done)
-    trainer.close()
-    code = proc.process.returncode if proc.process else None
-    if code != 0:
-        raise StackError(f"the trainer exited with code {code}; its log is {proc.log_path}")
-    return out, target
+    def rounds_line(self) -> str:
+        """Multi- against single-query mode per stage: rounds and queries per question, and EM."""
+        lines = []
+        for stage in self.stages:
+            by_mode = {m: [s for s in stage.summaries if s.mode == m] for m in ("single", "multi")}
+            if not all(by_mode.values()):
+                continue
+
+            def mean(mode: str, key: str, by_mode: dict[str, list[evaluate.EvalSummary]] = by_mode) -> float:
+                rows = by_mode[mode]
+                return sum(getattr(s, key) * s.questions for s in rows) / max(1, sum(s.questions for s in rows))
+
+            lines.append(
+                f"{stage.stage:>4}: multi-query {mean('multi', 'retrieval_rounds'):.2f} rounds "
+                f"({mean('multi', 'queries'):.2f} queries) per question, EM {mean('multi', 'exact_match'):.3f}; "
+                f"single-query {mean('single', 'retrieval_rounds'):.2f} rounds "
+                f"({mean('single', 'queries'):.2f} queries), EM {mean('single', 'exact_match'):.3f}"
+            )
+        return "\n".join(lines)
+
+    def report(self, latencies: dict[str, Any], sft_checkpoint: Path, wall_seconds: float) -> dict[str, Any]:
+        sft_steps = StepLog(self.directory / "sft" / "sft_steps.jsonl").read()
+        rl_steps = StepLog(self.rl_dir / "steps.jsonl").read()
+        baselines = self.baselines()
+        gains = self.gains()
+        plots = {
+            "training": str(report.plot_training(sft_steps, rl_steps, self.directory / "training.png")),
+            "latency": str(report.plot_latencies(latencies, self.directory / "latency.png")),
+        }
+        result = {
+            "config": dataclasses.asdict(self.config),
+            "wall_seconds": wall_seconds,
+            "phase_seconds": self.phases,
+            "questions": {"eval": len(self.eval_set), "eval_file": str(self.eval_file),
+                          "train_file": str(self.train_file)},
+            "stages": [{"stage": s.stage, "policy_version": s.policy_version, "seconds": s.seconds,
+                        "summaries": [dataclasses.asdict(x) for x in s.summaries]} for s in self.stages],
+            "baselines": baselines,
+            "gains": gains,
+            "policy_version": self.stages[-1].policy_version,
+            "sft_checkpoint": str(sft_checkpoint),
+            "sft_steps": sft_steps,
+            "rl_steps": [{k: v for k, v in s.items() if k != "rollout_ids"} for s in rl_steps],
+            "latency": latencies,
+            "plots": plots,
+            "rollouts": {s.stage: s.records for s in self.stages},
+        }
+        path = self.directory / "report.json"
+        path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"\nheld-out questions: {len(self.eval_set)} ({', '.join(self.config.sources)}), greedy; "
+              "EM and F1 with 95% bootstrap intervals\n", flush=True)
+        print(self.table(baselines), flush=True)
+        print("\n" + self.rounds_line(), flush=True)
+        print("\npaired gains on the same questions (EM, 95% interval):", flush=True)
+        for g in gains:
+            if g["mode"] != "none":
+                print(f"  {g['from']:>4} -> {g['to']:<3} {g['source']:<9} {g['mode']:<6} "
+                      f"{stats.Estimate(**g['exact_match'])}", flush=True)
+        print(f"\nreport {path}\nplots  {plots['training']}\n       {plots['latency']}", flush=True)
+        print(f"done in {wall_seconds / 60:.1f} min ({', '.join(f'{k} {v / 60:.1f}' for k, v in self.phases.items())})",
+              flush=True)
+        return result
 
 
 def demo(config: DemoConfig) -> int:
-    config = config.sized()
-    started = time.perf_counter()
-    directory = run_dir(config)
-    ports = plan.Ports.of(config)
-    model = policy_model(config)
-    def specs(index_dir: Path) -> list[ServiceSpec]:
-        return [*plan.retrieval_specs(config, ports, index_dir), plan.reward_spec(config, ports),
-                plan.policy_spec(config, ports, model)]
-
-    # Every port (the trainer's too) before minutes of indexing.
-    trainer = plan.trainer_spec(config, ports, model, directory)
-    Supervisor(directory, [*specs(directory), trainer], ports.redis).check_ports()
-
-    # Questions first: the index slice (quick) holds every paragraph of them.
-    split = split_questions(config.eval_questions, config.train_questions)
-    data_dir = directory / "data"
-    eval_file = write_jsonl(split.eval, data_dir / "eval.jsonl")
-    train_file = write_jsonl(split.train, data_dir / "train.jsonl")
-    questions = evaluate.load_questions(eval_file)
-    # The whole corpus by default; --quick indexes every paragraph of the demo's questions (gold and
-    # distractors, as in HotpotQA's distractor setting).
-    ids = split.passage_ids() if config.quick else None
-    index_dir = ensure_index(0, config.shards, config.index_type, config.max_passage_tokens, ids=ids)
-    supervisor = Supervisor(directory, specs(index_dir), ports.redis)
-    print(f"starting {len(supervisor.specs)} services and Redis; logs in {supervisor.log_dir}", flush=True)
-    with supervisor, PolicyClient(f"{plan.HOST}:{ports.policy}") as policy:
-        before, before_rollouts = _evaluate_all(policy, questions, "before")
-        sft_checkpoint = _run_sft(config, directory, train_file, model)
-        update = policy.update_weights(1, str(sft_checkpoint))
-        print(f"policy now serves the SFT weights as version {update.version} ({update.seconds:.1f} s)", flush=True)
-        ppo_dir, final_version = _run_ppo(config, supervisor, ports, sft_checkpoint, train_file)
-        served = policy.weight_version().version
-        if served != final_version:
-            raise StackError(f"the policy serves version {served}, expected {final_version} after PPO")
-        after, after_rollouts = _evaluate_all(policy, questions, "after")
-        latencies = report.service_latencies(
-            {name: info["metrics"] for name, info in supervisor.endpoints()["services"].items()}
-        )
-
-    sft_steps = StepLog(directory / "sft" / "sft_steps.jsonl").read()
-    ppo_steps = StepLog(ppo_dir / "steps.jsonl").read()
-    rows = [[*s.row()[:1], "before", *s.row()[1:]] for s in before] + \
-           [[*s.row()[:1], "after", *s.row()[1:]] for s in after]
-    table = evaluate.format_table(rows, [evaluate.HEADER[0], "weights", *evaluate.HEADER[1:]])
-    plots = {
-        "training": str(report.plot_training(sft_steps, ppo_steps, directory / "training.png")),
-        "latency": str(report.plot_latencies(latencies, directory / "latency.png")),
-    }
-    wall_seconds = time.perf_counter() - started
-    result = {
-        "config": dataclasses.asdict(config),
-        "wall_seconds": wall_seconds,
-        "questions": len(questions),
-        "before": [dataclasses.asdict(s) for s in before],
-        "after": [dataclasses.asdict(s) for s in after],
-        "policy_version": final_version,
-        "sft_checkpoint": str(sft_checkpoint),
-        "sft_steps": sft_steps,
-        "ppo_steps": [{k: v for k, v in s.items() if k != "rollout_ids"} for s in ppo_steps],
-        "latency": latencies,
-        "plots": plots,
-        "rollouts": {"before": before_rollouts, "after": after_rollouts},
-    }
-    report_path = directory / "report.json"
-    report_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print("\n" + table, flush=True)
-    print(f"\nreport {report_path}\nplots  {plots['training']}\n       {plots['latency']}", flush=True)
-    print(f"done in {wall_seconds / 60:.1f} min", flush=True)
+    Demo(config).run()
     return 0
+

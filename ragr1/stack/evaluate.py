@@ -1,7 +1,8 @@
 """Evaluation through the running stack: questions go to ``Policy.Rollout`` (which searches through the
 retriever and is scored by the reward service), and the rollouts are summed up per benchmark and mode.
 
-Greedy decoding by default: Search-R1's evaluation sampled by accident, which makes EM noisy.
+Greedy decoding by default: Search-R1's evaluation sampled by accident, which makes EM noisy. Every
+mean comes with a 95% bootstrap interval over the questions (``stats``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,30 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.data import EVAL_BENCHMARKS, eval_path, read_jsonl
+from ragr1.stack.stats import Estimate, bootstrap
 from ragr1.v1 import common_pb2
 
-MODES = {"single": common_pb2.SEARCH_MODE_SINGLE, "multi": common_pb2.SEARCH_MODE_MULTI}
+# "none" is the no-retrieval baseline: the prompt offers no search and the model answers in one turn.
+MODES = {
+    "none": common_pb2.SEARCH_MODE_NONE,
+    "single": common_pb2.SEARCH_MODE_SINGLE,
+    "multi": common_pb2.SEARCH_MODE_MULTI,
+}
+
+MODE_NAMES = {value: name for name, value in MODES.items()}
+
+
+def parse_modes(text: str) -> list[str]:
+    """``--mode``: one mode, a comma-separated list, ``both`` (single and multi) or ``all``."""
+    if text == "both":
+        return ["single", "multi"]
+    if text == "all":
+        return list(MODES)
+    modes = [m for m in text.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"--mode {text!r}: use {', '.join(MODES)}, a comma-separated list of them, both or all")
+    return modes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +96,23 @@ class EvalSummary:
     queries: float
     seconds_per_question: float
     errors: int
+    # 95% bootstrap intervals over the questions, (low, high).
+    exact_match_ci: tuple[float, float] = (0.0, 0.0)
+    f1_ci: tuple[float, float] = (0.0, 0.0)
 
     def row(self) -> list[str]:
-        return [self.benchmark, self.mode, str(self.questions), f"{self.exact_match:.3f}", f"{self.f1:.3f}",
+        return [self.benchmark, self.mode, str(self.questions),
+                f"{self.exact_match:.3f} [{self.exact_match_ci[0]:.2f}, {self.exact_match_ci[1]:.2f}]",
+                f"{self.f1:.3f} [{self.f1_ci[0]:.2f}, {self.f1_ci[1]:.2f}]",
                 f"{self.format_valid:.2f}", f"{self.retrieval_rounds:.2f}", f"{self.queries:.2f}",
                 f"{self.seconds_per_question:.2f}"]
 
 
-HEADER = ["benchmark", "mode", "n", "EM", "F1", "format ok", "rounds", "queries", "s/question"]
+HEADER = ["benchmark", "mode", "n", "EM [95% CI]", "F1 [95% CI]", "format ok", "rounds", "queries", "s/question"]
+
+
+def _interval(estimate: Estimate) -> tuple[float, float]:
+    return (estimate.low, estimate.high)
 
 
 def summarise(benchmark: str, mode: str, rollouts: Sequence[common_pb2.Rollout], wall_seconds: float) -> EvalSummary:
@@ -91,12 +122,16 @@ def summarise(benchmark: str, mode: str, rollouts: Sequence[common_pb2.Rollout],
         values = list(values)
         return statistics.fmean(values) if values else 0.0
 
+    em = bootstrap([r.reward.exact_match for r in rollouts])
+    f1 = bootstrap([r.reward.f1 for r in rollouts])
     return EvalSummary(
         benchmark=benchmark,
         mode=mode,
         questions=n,
         exact_match=mean(r.reward.exact_match for r in rollouts),
         f1=mean(r.reward.f1 for r in rollouts),
+        exact_match_ci=_interval(em),
+        f1_ci=_interval(f1),
         # Every check of the format reward passed (the reward service's "valid sequence").
         format_valid=mean(1.0 if r.reward.format >= 1.0 else 0.0 for r in rollouts),
         answered=mean(1.0 if r.status == common_pb2.TRAJECTORY_STATUS_ANSWERED else 0.0 for r in rollouts),
@@ -110,11 +145,11 @@ def summarise(benchmark: str, mode: str, rollouts: Sequence[common_pb2.Rollout],
 RolloutFn = Callable[[Sequence[common_pb2.PromptTask]], list[common_pb2.Rollout]]
 
 
-def evaluate(
-    rollout: RolloutFn, benchmark: str, questions: Sequence[Question], mode: str, batch_size: int = 16,
-    run: str = "eval", progress: Callable[[int], object] | None = None,
-) -> tuple[EvalSummary, list[common_pb2.Rollout]]:
-    """Runs every question once in ``mode`` in batches; returns the summary and the rollouts."""
+def run_questions(
+    rollout: RolloutFn, questions: Sequence[Question], mode: str, batch_size: int = 16, run: str = "eval",
+    progress: Callable[[int], object] | None = None,
+) -> tuple[list[common_pb2.Rollout], float]:
+    """Runs every question once in ``mode`` in batches; returns the rollouts and the wall seconds."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     rollouts: list[common_pb2.Rollout] = []
@@ -124,7 +159,19 @@ def evaluate(
         rollouts += rollout(batch)
         if progress is not None:
             progress(len(batch))
-    return summarise(benchmark, mode, rollouts, time.perf_counter() - start), rollouts
+    return rollouts, time.perf_counter() - start
+
+
+def summarise_sources(mode: str, rollouts: Sequence[common_pb2.Rollout], wall_seconds: float) -> list[EvalSummary]:
+    """One summary per ``data_source`` (each source reported on its own), in order of appearance; the wall
+    time is shared out by question."""
+    sources = list(dict.fromkeys(r.data_source for r in rollouts))
+    per_question = wall_seconds / len(rollouts) if rollouts else 0.0
+    out = []
+    for source in sources:
+        mine = [r for r in rollouts if r.data_source == source]
+        out.append(summarise(source, mode, mine, per_question * len(mine)))
+    return out
 
 
 def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = HEADER) -> str:
@@ -137,8 +184,11 @@ def rollout_record(r: common_pb2.Rollout) -> dict[str, Any]:
     """What the JSON report keeps of one rollout."""
     return {
         "task_id": r.task_id, "question": r.question, "golden_answers": list(r.golden_answers),
+        "data_source": r.data_source, "mode": MODE_NAMES.get(r.mode, "default"),
         "answer": r.reward.extracted_answer, "exact_match": r.reward.exact_match, "f1": r.reward.f1,
         "format": r.reward.format, "retrieval_rounds": r.retrieval_rounds, "queries": r.num_queries,
         "status": common_pb2.TrajectoryStatus.Name(r.status), "policy_version": r.policy_version,
         "response": r.response_text,
+        # What the model wrote (the system's passages and feedback left out), as the reward read it.
+        "generated": "".join(s.text for s in r.spans if s.kind == common_pb2.SPAN_KIND_GENERATED),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ragr1.data import ROOT
@@ -34,19 +35,23 @@ def policy_model(config: StackConfig) -> Path:
         raise StackError(f"{exc}. Fix: run `make demo` once (it installs it) or pass --model DIR") from exc
 
 
-def start_stack(config: UpConfig, directory: Path, *, trainer_spec: ServiceSpec | None = None,
-                model: Path | None = None) -> Supervisor:
-    """Checks ports, prepares the model and the index, then starts every service and waits for health."""
+def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[ServiceSpec] = (),
+                reserved: Sequence[ServiceSpec] = (), model: Path | None = None, index_passages: int = 0,
+                index_ids: set[str] | None = None) -> Supervisor:
+    """Checks every port (``reserved``'s too: services started later), prepares the model and the index
+    (the first ``index_passages`` of the shipped corpus, 0 for all, or the passages ``index_ids``), then
+    starts the services (``extra`` after the core ones) and waits for their health."""
     ports = plan.Ports.of(config)
     model = model or policy_model(config)
+
     # Specs first with a placeholder index path, so that ports are checked before minutes of indexing.
     def specs(index_dir: Path) -> list[ServiceSpec]:
-        out = [*plan.retrieval_specs(config, ports, index_dir), plan.reward_spec(config, ports),
-               plan.policy_spec(config, ports, model)]
-        return [*out, trainer_spec] if trainer_spec is not None else out
+        return [*plan.retrieval_specs(config, ports, index_dir), plan.reward_spec(config, ports),
+                plan.policy_spec(config, ports, model), *extra]
 
-    Supervisor(directory, specs(directory), ports.redis).check_ports()
-    index_dir = ensure_index(config.index_passages, config.shards, config.index_type, config.max_passage_tokens)
+    Supervisor(directory, [*specs(directory), *reserved], ports.redis).check_ports()
+    index_dir = ensure_index(index_passages, config.shards, config.index_type, config.max_passage_tokens,
+                             ids=index_ids)
     supervisor = Supervisor(directory, specs(index_dir), ports.redis)
     print(f"starting {len(supervisor.specs)} services and Redis; logs in {supervisor.log_dir}", flush=True)
     return supervisor.start()
@@ -80,11 +85,11 @@ def wait_until_stopped(supervisor: Supervisor, poll_seconds: float = 1.0) -> int
 def up(config: UpConfig) -> int:
     directory = run_dir(config)
     ports = plan.Ports.of(config)
-    trainer = None
+    model = policy_model(config)
+    trainers = []
     if config.trainer:
-        model = policy_model(config)
-        trainer = plan.trainer_spec(config, ports, model, directory / "checkpoints", "--max-updates", "0")
-    supervisor = start_stack(config, directory, trainer_spec=trainer)
+        trainers.append(plan.trainer_spec(config, ports, model, directory / "checkpoints", "--max-updates", "0"))
+    supervisor = start_stack(config, directory, extra=trainers, model=model, index_passages=config.index_passages)
     try:
         print("the stack is up:\n" + describe(supervisor), flush=True)
         print("Ctrl-C stops everything.", flush=True)

@@ -75,6 +75,7 @@ def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = Tr
         "--retriever-address", f"{HOST}:{p.router}", "--reward-address", f"{HOST}:{p.reward}",
         "--redis-url", p.redis_url(), "--max-turns", str(config.max_turns),
         "--max-tokens-per-turn", str(config.max_tokens_per_turn), "--kv-cache-gib", str(config.kv_cache_gib),
+        "--tokens-per-query", str(config.tokens_per_query), "--max-model-len", str(config.max_model_len),
     ]
     return _spec("policy", args, p.policy, config)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.data import read_jsonl, train_source
 from ragr1.stack.questions import write_jsonl
 
@@ -27,8 +29,14 @@ class Prepared:
     trajectories: int
 
 
-def prepare(sources: list[str], out: Path, limit: int | None = None, top_k: int = 3,
-            passage_words: int = 40) -> Prepared:
+def prepare(sources: list[str], out: Path, limit: int | None = None, top_k: int = TOP_K,
+            tokens_per_query: int = TOKENS_PER_QUERY) -> Prepared:
+    """The information blocks of the trajectories are cut per query with the served model's tokenizer,
+    as the policy cuts them."""
+    from transformers import AutoTokenizer
+
+    from ragr1.agent.information import InformationFormat
+    from ragr1.models import prepare_policy_model
     from ragr1.services.trainer import data
 
     paths = [train_source(s) for s in sources]  # every file is found before anything is written
@@ -44,6 +52,8 @@ def prepare(sources: list[str], out: Path, limit: int | None = None, top_k: int 
     for mode in ("single", "multi"):
         parquet[mode] = out / f"prompts-{mode}.parquet"
         data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
-    trajectories = data.sft_trajectories(supported, ("single", "multi"), top_k, passage_words)
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(prepare_policy_model()))
+    information = InformationFormat(tokenizer, tokens_per_query)
+    trajectories = data.sft_trajectories(supported, ("single", "multi"), information, top_k)
     sft = write_jsonl((t.to_record() for t in trajectories), out / "sft.jsonl")
     return Prepared(prompts, parquet, sft, len(records), len(trajectories))

@@ -1,5 +1,8 @@
 """The demo's questions: held-out evaluation questions and disjoint training questions, whose supporting
-passages are all in the index the stack serves (so that retrieval can find them)."""
+passages are all in the index the stack serves (so that retrieval can find them).
+
+Multi-hop questions only (HotpotQA, MuSiQue), and no yes/no comparison questions: a constant answer
+must not be able to score (PopQA's occupation questions let "politician" score EM 0.25)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.data import read_jsonl, train_path
+from ragr1.stack.stats import is_yes_no
 
-# Multi-hop questions (where several queries at once pay off) and single-hop ones, half and half.
-SOURCES = ("hotpotqa", "popqa")
+# Multi-hop questions, where several queries at once pay off.
+SOURCES = ("hotpotqa", "musique")
 
 
 @dataclasses.dataclass
@@ -27,7 +31,8 @@ class Split:
 
 def split_questions(eval_per_source: int, train_per_source: int, allowed: set[str] | None = None,
                     sources: Sequence[str] = SOURCES) -> Split:
-    """The first questions of each training file go to evaluation, the next to training.
+    """The first questions of each training file go to evaluation, the next to training; yes/no
+    questions are left out.
 
     ``allowed`` (passage ids) keeps only questions whose supporting passages are all in it.
     """
@@ -36,6 +41,8 @@ def split_questions(eval_per_source: int, train_per_source: int, allowed: set[st
         kept = []
         for record in read_jsonl(train_path(source)):
             gold = {p.get("pid") for p in record.get("paragraphs", []) if p.get("is_supporting")}
+            if is_yes_no(record["golden_answers"]):
+                continue
             if allowed is None or (gold and gold <= allowed):
                 kept.append(record)
             if len(kept) == eval_per_source + train_per_source:

@@ -91,9 +91,10 @@ def plot_training(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, A
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("SFT loss", sft, "loss"), ("PPO reward (mean total)", ppo, "reward_total"),
-              ("PPO KL to reference", ppo, "kl"), ("PPO exact match", ppo, "reward_exact_match")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3))
+    panels = [("SFT loss", sft, "loss"), ("RL reward (mean total)", ppo, "reward_total"),
+              ("RL KL to reference", ppo, "kl"), ("RL clip fraction", ppo, "clip_fraction"),
+              ("log-prob gap trainer vs vLLM", ppo, "logprob_gap")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3))
     for ax, (title, records, key) in zip(axes, panels, strict=True):
         points = [(r.get("step", i + 1), r[key]) for i, r in enumerate(records) if isinstance(r.get(key), int | float)]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")

@@ -14,6 +14,13 @@ class SearchMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEARCH_MODE_MULTI: _ClassVar[SearchMode]
     SEARCH_MODE_NONE: _ClassVar[SearchMode]
 
+class SpanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPAN_KIND_UNSPECIFIED: _ClassVar[SpanKind]
+    SPAN_KIND_GENERATED: _ClassVar[SpanKind]
+    SPAN_KIND_INFORMATION: _ClassVar[SpanKind]
+    SPAN_KIND_FEEDBACK: _ClassVar[SpanKind]
+
 class TrajectoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRAJECTORY_STATUS_UNSPECIFIED: _ClassVar[TrajectoryStatus]
@@ -26,6 +33,10 @@ SEARCH_MODE_UNSPECIFIED: SearchMode
 SEARCH_MODE_SINGLE: SearchMode
 SEARCH_MODE_MULTI: SearchMode
 SEARCH_MODE_NONE: SearchMode
+SPAN_KIND_UNSPECIFIED: SpanKind
+SPAN_KIND_GENERATED: SpanKind
+SPAN_KIND_INFORMATION: SpanKind
+SPAN_KIND_FEEDBACK: SpanKind
 TRAJECTORY_STATUS_UNSPECIFIED: TrajectoryStatus
 TRAJECTORY_STATUS_ANSWERED: TrajectoryStatus
 TRAJECTORY_STATUS_NO_ANSWER: TrajectoryStatus
@@ -79,6 +90,14 @@ class RewardParts(_message.Message):
     reasons: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, total: _Optional[float] = ..., exact_match: _Optional[float] = ..., f1: _Optional[float] = ..., format: _Optional[float] = ..., process: _Optional[float] = ..., extracted_answer: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ResponseSpan(_message.Message):
+    __slots__ = ("text", "kind")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    kind: SpanKind
+    def __init__(self, text: _Optional[str] = ..., kind: _Optional[_Union[SpanKind, str]] = ...) -> None: ...
+
 class PromptTask(_message.Message):
     __slots__ = ("id", "question", "golden_answers", "supporting_titles", "data_source", "mode", "admitted_at_version", "group_id", "num_samples")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -102,7 +121,7 @@ class PromptTask(_message.Message):
     def __init__(self, id: _Optional[str] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., data_source: _Optional[str] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., admitted_at_version: _Optional[int] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
 
 class Rollout(_message.Message):
-    __slots__ = ("id", "task_id", "group_id", "prompt_token_ids", "response_token_ids", "loss_mask", "behaviour_logprobs", "reward", "policy_version", "num_turns", "retrieval_rounds", "num_queries", "status", "error", "response_text", "generation_seconds", "retrieval_seconds", "question", "golden_answers", "mode", "data_source", "sampling")
+    __slots__ = ("id", "task_id", "group_id", "prompt_token_ids", "response_token_ids", "loss_mask", "behaviour_logprobs", "reward", "policy_version", "num_turns", "retrieval_rounds", "num_queries", "status", "error", "response_text", "generation_seconds", "retrieval_seconds", "question", "golden_answers", "mode", "data_source", "sampling", "spans")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +144,7 @@ class Rollout(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     id: str
     task_id: str
     group_id: str
@@ -147,4 +167,5 @@ class Rollout(_message.Message):
     mode: SearchMode
     data_source: str
     sampling: SamplingParams
-    def __init__(self, id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[_Union[RewardParts, _Mapping]] = ..., policy_version: _Optional[int] = ..., num_turns: _Optional[int] = ..., retrieval_rounds: _Optional[int] = ..., num_queries: _Optional[int] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., error: _Optional[str] = ..., response_text: _Optional[str] = ..., generation_seconds: _Optional[float] = ..., retrieval_seconds: _Optional[float] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., data_source: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[ResponseSpan]
+    def __init__(self, id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[_Union[RewardParts, _Mapping]] = ..., policy_version: _Optional[int] = ..., num_turns: _Optional[int] = ..., retrieval_rounds: _Optional[int] = ..., num_queries: _Optional[int] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., error: _Optional[str] = ..., response_text: _Optional[str] = ..., generation_seconds: _Optional[float] = ..., retrieval_seconds: _Optional[float] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., data_source: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., spans: _Optional[_Iterable[_Union[ResponseSpan, _Mapping]]] = ...) -> None: ...

@@ -25,23 +25,19 @@ _sym_db = _symbol_database.Default()
 from ragr1.v1 import common_pb2 as ragr1_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragr1/v1/reward.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\">\n\x0cResponseSpan\x12\x0c\n\x04text\x18\x01 \x01(\t\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.ragr1.v1.SpanKind\"\xc3\x01\n\tScoreItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x16\n\x0egolden_answers\x18\x03 \x03(\t\x12\x19\n\x11supporting_titles\x18\x04 \x03(\t\x12$\n\tretrieved\x18\x05 \x03(\x0b\x32\x11.ragr1.v1.Passage\x12\x18\n\x10retrieved_rounds\x18\x06 \x03(\r\x12%\n\x05spans\x18\x07 \x03(\x0b\x32\x16.ragr1.v1.ResponseSpan\"2\n\x0cScoreRequest\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.ragr1.v1.ScoreItem\"6\n\rScoreResponse\x12%\n\x06scores\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.RewardParts*q\n\x08SpanKind\x12\x19\n\x15SPAN_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SPAN_KIND_GENERATED\x10\x01\x12\x19\n\x15SPAN_KIND_INFORMATION\x10\x02\x12\x16\n\x12SPAN_KIND_FEEDBACK\x10\x03\x32\x42\n\x06Reward\x12\x38\n\x05Score\x12\x16.ragr1.v1.ScoreRequest\x1a\x17.ragr1.v1.ScoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragr1/v1/reward.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\"\xc3\x01\n\tScoreItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x16\n\x0egolden_answers\x18\x03 \x03(\t\x12\x19\n\x11supporting_titles\x18\x04 \x03(\t\x12$\n\tretrieved\x18\x05 \x03(\x0b\x32\x11.ragr1.v1.Passage\x12\x18\n\x10retrieved_rounds\x18\x06 \x03(\r\x12%\n\x05spans\x18\x07 \x03(\x0b\x32\x16.ragr1.v1.ResponseSpan\"2\n\x0cScoreRequest\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.ragr1.v1.ScoreItem\"6\n\rScoreResponse\x12%\n\x06scores\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.RewardParts2B\n\x06Reward\x12\x38\n\x05Score\x12\x16.ragr1.v1.ScoreRequest\x1a\x17.ragr1.v1.ScoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragr1.v1.reward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPANKIND']._serialized_start=428
-  _globals['_SPANKIND']._serialized_end=541
-  _globals['_RESPONSESPAN']._serialized_start=58
-  _globals['_RESPONSESPAN']._serialized_end=120
-  _globals['_SCOREITEM']._serialized_start=123
-  _globals['_SCOREITEM']._serialized_end=318
-  _globals['_SCOREREQUEST']._serialized_start=320
-  _globals['_SCOREREQUEST']._serialized_end=370
-  _globals['_SCORERESPONSE']._serialized_start=372
-  _globals['_SCORERESPONSE']._serialized_end=426
-  _globals['_REWARD']._serialized_start=543
-  _globals['_REWARD']._serialized_end=609
+  _globals['_SCOREITEM']._serialized_start=59
+  _globals['_SCOREITEM']._serialized_end=254
+  _globals['_SCOREREQUEST']._serialized_start=256
+  _globals['_SCOREREQUEST']._serialized_end=306
+  _globals['_SCORERESPONSE']._serialized_start=308
+  _globals['_SCORERESPONSE']._serialized_end=362
+  _globals['_REWARD']._serialized_start=364
+  _globals['_REWARD']._serialized_end=430
 # @@protoc_insertion_point(module_scope)

@@ -1,31 +1,11 @@
 from ragr1.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class SpanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    SPAN_KIND_UNSPECIFIED: _ClassVar[SpanKind]
-    SPAN_KIND_GENERATED: _ClassVar[SpanKind]
-    SPAN_KIND_INFORMATION: _ClassVar[SpanKind]
-    SPAN_KIND_FEEDBACK: _ClassVar[SpanKind]
-SPAN_KIND_UNSPECIFIED: SpanKind
-SPAN_KIND_GENERATED: SpanKind
-SPAN_KIND_INFORMATION: SpanKind
-SPAN_KIND_FEEDBACK: SpanKind
-
-class ResponseSpan(_message.Message):
-    __slots__ = ("text", "kind")
-    TEXT_FIELD_NUMBER: _ClassVar[int]
-    KIND_FIELD_NUMBER: _ClassVar[int]
-    text: str
-    kind: SpanKind
-    def __init__(self, text: _Optional[str] = ..., kind: _Optional[_Union[SpanKind, str]] = ...) -> None: ...
 
 class ScoreItem(_message.Message):
     __slots__ = ("id", "response", "golden_answers", "supporting_titles", "retrieved", "retrieved_rounds", "spans")
@@ -42,8 +22,8 @@ class ScoreItem(_message.Message):
     supporting_titles: _containers.RepeatedScalarFieldContainer[str]
     retrieved: _containers.RepeatedCompositeFieldContainer[_common_pb2.Passage]
     retrieved_rounds: _containers.RepeatedScalarFieldContainer[int]
-    spans: _containers.RepeatedCompositeFieldContainer[ResponseSpan]
-    def __init__(self, id: _Optional[str] = ..., response: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., retrieved: _Optional[_Iterable[_Union[_common_pb2.Passage, _Mapping]]] = ..., retrieved_rounds: _Optional[_Iterable[int]] = ..., spans: _Optional[_Iterable[_Union[ResponseSpan, _Mapping]]] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[_common_pb2.ResponseSpan]
+    def __init__(self, id: _Optional[str] = ..., response: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., retrieved: _Optional[_Iterable[_Union[_common_pb2.Passage, _Mapping]]] = ..., retrieved_rounds: _Optional[_Iterable[int]] = ..., spans: _Optional[_Iterable[_Union[_common_pb2.ResponseSpan, _Mapping]]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("items",)

@@ -107,3 +107,15 @@ def test_restarted_consumer_gets_its_own_pending_entries_back(redis_client: redi
     again.ack(pending)
     assert again.consume(count=10, pending=True) == []
     assert [d.message.id for d in again.consume(count=10)] == ["r0003", "r0004"]
+
+
+def test_work_left_for_a_group_is_pending_plus_undelivered(redis_client: redis.Redis) -> None:
+    prompts = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="w1")
+    assert prompts.undelivered() == 0  # no stream yet
+    prompts.ensure_group()
+    prompts.produce(common_pb2.PromptTask(id=f"p{i}", question="q") for i in range(5))
+    assert (prompts.pending(), prompts.undelivered()) == (0, 5)
+    taken = prompts.consume(2)
+    assert (prompts.pending(), prompts.undelivered()) == (2, 3)
+    prompts.ack(taken)
+    assert (prompts.pending(), prompts.undelivered()) == (0, 3)

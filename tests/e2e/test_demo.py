@@ -1,5 +1,6 @@
-"""`ragr1 demo --quick` end to end: every service starts, PPO goes through Redis, weights advance, the
-report holds numbers, and no process outlives the command."""
+"""`ragr1 demo --preset quick` end to end: every service starts, SFT and RL go through the real services and
+Redis, weights advance stage by stage, the report holds every stage with intervals and baselines, and no
+process outlives the command."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     base = free_port() // 100 * 100 % 30000 + 20000  # a block of ports away from the defaults
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "ragr1", "demo", "--quick", "--base-port", str(base), "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "ragr1", "demo", "--preset", "quick", "--base-port", str(base),
+         "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -27,25 +29,33 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert {"retriever-shard-0", "retriever-shard-1", "retriever", "reward", "policy", "trainer"} <= services
 
     report = json.loads((run_dir / "report.json").read_text())
-    # SFT was pushed as version 1, then one PPO update through the queue published version 2.
-    assert report["policy_version"] == 2
-    assert [s["version"] for s in report["ppo_steps"]] == [2]
-    step = report["ppo_steps"][0]
+    # Base is version 0, SFT was pushed as version 1, then one RL update through the queue published 2.
+    assert [(s["stage"], s["policy_version"]) for s in report["stages"]] == [("base", 0), ("sft", 1), ("rl", 2)]
+    assert [s["version"] for s in report["rl_steps"]] == [2]
+    step = report["rl_steps"][0]
     assert list(step["published"].values()) == ["ok"], step
     assert isinstance(step["reward_total"], float) and isinstance(step["kl"], float)
-    for stage in ("before", "after"):
-        assert {row["mode"] for row in report[stage]} == {"single", "multi"}
-        for row in report[stage]:
-            assert row["questions"] == 4
-            for key in ("exact_match", "f1", "format_valid", "retrieval_rounds", "seconds_per_question"):
-                assert isinstance(row[key], float), (stage, key)
-    assert all(r["policy_version"] == 2 for r in report["rollouts"]["after"])
-    assert all(r["policy_version"] == 0 for r in report["rollouts"]["before"])
+    sources = report["config"]["sources"]
+    for stage in report["stages"]:
+        rows = stage["summaries"]
+        # Every source on its own, in every mode, with an interval around each mean.
+        wanted = {(s, m) for s in sources for m in ("none", "single", "multi")}
+        assert {(r["benchmark"], r["mode"]) for r in rows} == wanted
+        for row in rows:
+            assert row["questions"] == 2
+            low, high = row["exact_match_ci"]
+            assert low <= row["exact_match"] <= high
+            assert isinstance(row["seconds_per_question"], float)
+        records = report["rollouts"][stage["stage"]]
+        assert {r["policy_version"] for r in records} == {stage["policy_version"]}
+        assert all(r["retrieval_rounds"] == 0 for r in records if r["mode"] == "none")
+    assert [b["source"] for b in report["baselines"]] == sources
+    assert {(g["from"], g["to"]) for g in report["gains"]} == {("base", "sft"), ("sft", "rl")}
     assert report["sft_steps"] and all(s["loss"] > 0 for s in report["sft_steps"])
     assert report["latency"]["retriever"]["Search"]["calls"] > 0
     for plot in report["plots"].values():
         assert Path(plot).stat().st_size > 1000
-    assert "held-out" in result.stdout and "report" in result.stdout
+    assert "held-out questions" in result.stdout and "paired gains" in result.stdout
 
     ports = [int(s["grpc"].rsplit(":", 1)[1]) for s in endpoints["services"].values()]
     ports.append(int(endpoints["redis"].rsplit(":", 1)[1].split("/")[0]))

@@ -10,30 +10,16 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ragr1.data import corpus_path, read_jsonl, train_path
-from ragr1.models import prepare_policy_model
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 
 HOTPOT_QUESTIONS = 4
 EXTRA_PASSAGES = 150
-
-
-@pytest.fixture(scope="session")
-def policy_model_dir() -> Path:
-    return prepare_policy_model()
-
-
-@pytest.fixture(scope="session")
-def tokenizer(policy_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(policy_model_dir))
 
 
 def hotpot_rows(n: int = HOTPOT_QUESTIONS) -> list[dict[str, Any]]:

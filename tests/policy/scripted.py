@@ -12,8 +12,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragr1.services.policy.agent import Generation, GenerationRequest, Sampling, Tokenizer
-from ragr1.services.policy.prompts import Passage
+from ragr1.agent.information import Passage
+from ragr1.agent.prompts import Tokenizer
+from ragr1.services.policy.agent import Generation, GenerationRequest, Sampling
 
 _QUESTION = re.compile(r"Question: (.*?)\n")
 

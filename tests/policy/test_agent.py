@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Status, Task, Trajectory
+from ragr1.agent.grammar import SpanKind, parse_spans
+from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK, Mode
+from ragr1.services.policy.agent import AgentLoop, Generation, LoopConfig, Sampling, Status, Task, Trajectory
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 
 TWO_HOP = [
@@ -69,7 +71,7 @@ def test_loss_mask_covers_exactly_the_generated_tokens(tokenizer: Any) -> None:
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m == 0)
         inserted = tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask, strict=True) if m == 0])
         assert inserted.count("<information>") == t.retrieval_rounds
-        assert "Doc 1(Title: Page Hamlet author 0) Facts about Hamlet author, part 0." in inserted
+        assert 'Doc 1: \\"Page Hamlet author 0\\"\\nFacts about Hamlet author, part 0.' in inserted
     # The ids are the prompt followed by the generated and inserted ids, never re-tokenised text.
     two = out[0]
     first_turn = engine.generated["q two hop"][0]
@@ -86,7 +88,7 @@ def test_query_cap_limits_what_the_retriever_sees(tokenizer: Any) -> None:
 
 def test_single_query_mode_sends_the_whole_query(tokenizer: Any) -> None:
     script = {"q single": ["<search> a, b </search>", "<answer> x </answer>"]}
-    out, _, search = run(tokenizer, script, multi_query=False)
+    out, _, search = run(tokenizer, script, mode=Mode.SINGLE)
     assert search.calls[0][0] == ["a, b"]
     prompt = tokenizer.decode(out[0].prompt_ids)
     assert "<search> query </search>" in prompt and "<|im_start|>assistant\n" in prompt
@@ -129,8 +131,9 @@ def test_retriever_timeout_never_hangs(tokenizer: Any) -> None:
     assert "timed out" in out[0].error
 
 
-def test_information_is_cut_to_its_token_budget(tokenizer: Any) -> None:
-    out, _, _ = run(tokenizer, {"q big": TWO_HOP}, ScriptedSearch(top_k=20), information_token_budget=30)
+def test_information_is_cut_per_query_in_single_mode_too(tokenizer: Any) -> None:
+    script = {"q big": ["<search> Hamlet author </search>", "<answer> x </answer>"]}
+    out, _, _ = run(tokenizer, script, ScriptedSearch(top_k=20), tokens_per_query=30, mode=Mode.SINGLE)
     t = out[0]
     inserted = sum(1 for m in t.loss_mask if m == 0)
     wrappers = len(tokenizer.encode("\n<information>\n", add_special_tokens=False)) + len(
@@ -157,7 +160,7 @@ def test_abort_ends_live_trajectories(tokenizer: Any) -> None:
 
 
 def test_per_task_mode_overrides_the_default(tokenizer: Any) -> None:
-    tasks = [Task("s", "q s", multi_query=False), Task("m", "q m", multi_query=True)]
+    tasks = [Task("s", "q s", Mode.SINGLE), Task("m", "q m", Mode.MULTI)]
     script = {
         "q s": ["<search> a, b </search>", "<answer> x </answer>"],
         "q m": ["<search> a, b </search>", "<answer> x </answer>"],
@@ -180,3 +183,50 @@ def test_seeds_differ_per_trajectory(tokenizer: Any, seed: int | None) -> None:
     tasks = [Task("1", "q 1"), Task("2", "q 2")]
     asyncio.run(loop.run(tasks, dataclasses.replace(Sampling(), seed=seed), version=0))
     assert seen == ([None, None] if seed is None else [5, 1005])
+
+
+def test_spans_say_who_wrote_every_piece(tokenizer: Any) -> None:
+    script = {"q mixed": ["I am not sure.", *TWO_HOP]}
+    (t,), _, _ = run(tokenizer, script)
+    assert [s.kind for s in t.spans] == [
+        SpanKind.GENERATED, SpanKind.FEEDBACK, SpanKind.GENERATED, SpanKind.INFORMATION, SpanKind.GENERATED
+    ]
+    assert t.spans[1].text == INVALID_ACTION_FEEDBACK
+    assert "".join(s.text for s in t.spans) == tokenizer.decode(t.response_ids, skip_special_tokens=False)
+    parsed = parse_spans(t.spans)
+    assert parsed.answer == "Stratford-upon-Avon" and parsed.invalid_actions == 1
+
+
+class EndsOnEos(ScriptedEngine):
+    """A first turn that ends on end-of-sequence without an action, as a real engine returns it."""
+
+    async def generate(self, requests, sampling, stop):  # type: ignore[no-untyped-def]
+        out = await super().generate(requests, sampling, stop)
+        if self.turns["q eos"] == 1:
+            g = out[0]
+            out[0] = Generation([*g.token_ids, self.tokenizer.eos_token_id], [*g.logprobs, -0.5], None, "stop")
+        return out
+
+
+def test_end_of_sequence_before_the_feedback_is_dropped(tokenizer: Any) -> None:
+    script = {"q eos": ["I am not sure.", "<answer> x </answer>"]}
+    engine = EndsOnEos(tokenizer, script)
+    loop = AgentLoop(engine, ScriptedSearch(), tokenizer, LoopConfig())
+    (t,) = asyncio.run(loop.run([Task("e", "q eos")], Sampling(max_tokens=64), version=0))
+    eos = tokenizer.eos_token_id
+    assert t.status is Status.ANSWERED and t.invalid_actions == 1
+    assert eos not in t.response_ids  # nothing is trained after the model's own end of turn
+    first = tokenizer.encode("I am not sure.", add_special_tokens=False)
+    feedback = tokenizer.encode(INVALID_ACTION_FEEDBACK, add_special_tokens=False)
+    assert t.response_ids[: len(first) + len(feedback)] == first + feedback
+    assert t.loss_mask[: len(first) + len(feedback)] == [1] * len(first) + [0] * len(feedback)
+    assert -0.5 not in t.logprobs
+
+
+def test_no_retrieval_mode_answers_in_one_turn_and_never_searches(tokenizer: Any) -> None:
+    script = {"q none": ["<think>I know.</think><search> tempting </search>"], "q ok": ["<answer> y </answer>"]}
+    tasks = [Task("n", "q none", Mode.NONE), Task("o", "q ok", Mode.NONE)]
+    out, _, search = run(tokenizer, script, tasks=tasks)
+    assert [t.status for t in out] == [Status.NO_ANSWER, Status.ANSWERED]
+    assert search.calls == [] and [t.num_turns for t in out] == [1, 1]
+    assert "<search>" not in tokenizer.decode(out[0].prompt_ids)

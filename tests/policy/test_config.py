@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from ragr1.agent.prompts import Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import load
 from ragr1.services.policy.agent import LoopConfig
@@ -21,11 +22,19 @@ def test_defaults_come_from_the_loop_and_ports() -> None:
 def test_environment_and_overrides_reach_the_loop() -> None:
     config = load(
         PolicyConfig,
-        env={"RAGR1_MAX_TURNS": "7", "RAGR1_MULTI_QUERY": "false"},
+        env={"RAGR1_MAX_TURNS": "3", "RAGR1_MODE": "single"},
         overrides={"query_separator": ";"},
     )
     loop = config.loop_config()
-    assert (loop.max_turns, loop.multi_query, loop.query_separator) == (7, False, ";")
+    assert (loop.max_turns, loop.mode, loop.query_separator) == (3, Mode.SINGLE, ";")
+
+
+def test_default_context_holds_max_turns_searches_of_three_full_queries() -> None:
+    config = PolicyConfig()
+    config.validate()
+    loop = config.loop_config()
+    assert (loop.max_turns, loop.max_queries_per_search, loop.top_k) == (4, 3, 3)  # RAG-R1's
+    assert loop.context_needed(config.max_tokens_per_turn) <= loop.max_model_len
 
 
 @pytest.mark.parametrize(
@@ -34,7 +43,9 @@ def test_environment_and_overrides_reach_the_loop() -> None:
         ({"in_flight": "later"}, "in_flight must be 'finish' or 'abort'"),
         ({"on_retrieval_error": "ignore"}, "on_retrieval_error"),
         ({"top_k": 0}, "top_k must be at least 1"),
-        ({"max_tokens_per_turn": 4096}, "must be below max_model_len"),
+        ({"max_tokens_per_turn": 4096}, "max_model_len=8192 cannot hold max_turns=4 searches"),
+        ({"max_model_len": 2048}, "that needs about 8000 tokens; raise max_model_len"),
+        ({"mode": "both"}, "unknown search mode 'both'"),
         ({"worker": True}, "worker mode needs reward_address"),
     ],
 )

@@ -63,10 +63,10 @@ def policy(
         "redis-url": redis_server.url,
         "worker-group": WORKER_GROUP,
         "worker-block-ms": 200,
-        "max-model-len": 1024,
+        "max-model-len": 2048,
         "max-turns": 2,
         "max-tokens-per-turn": 48,
-        "information-token-budget": 160,
+        "tokens-per-query": 128,
         "retrieval-timeout-seconds": 30,
         "kv-cache-gib": 1,
     }
@@ -261,8 +261,13 @@ def test_rollout_worker_scores_and_acks_through_redis(
     for m in produced:
         check_rollout(m, tokenizer, version=version)
         assert m.status != common_pb2.TRAJECTORY_STATUS_RETRIEVAL_ERROR, m.error
-        # Scored by the real reward service: an answerless response is flagged, an answer is extracted.
-        if "</answer>" in m.response_text:
+        assert m.sampling.temperature == pytest.approx(1.0)  # what the trainer divides its logits by
+        # Scored by the real reward service on what the model generated: the feedback the system inserts
+        # quotes "<answer> and </answer>", and must not count as an answer.
+        generated = tokenizer.decode(
+            [t for t, keep in zip(m.response_token_ids, m.loss_mask, strict=True) if keep], skip_special_tokens=False
+        )
+        if re.search(r"<answer>.*?</answer>", generated, re.DOTALL):
             assert m.reward.extracted_answer
         else:
             assert "no_answer_tag" in m.reward.reasons and m.reward.exact_match == 0

@@ -7,6 +7,7 @@ in 128 sampled first turns here), so this is how the real retriever meets the lo
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from ragr1.services.common.process import ServiceProcess
@@ -16,15 +17,18 @@ from tests.policy.conftest import hotpot_rows
 from tests.policy.scripted import ScriptedEngine
 
 
+def gold_queries(row: dict[str, Any]) -> list[str]:
+    return list(row["supporting_titles"][:2])
+
+
 def test_one_real_search_call_per_turn_and_gold_passages_in_information(
     retriever_server: ServiceProcess, tokenizer: Any
 ) -> None:
     rows = hotpot_rows(2)
     script = {}
     for row in rows:
-        gold = row["supporting_titles"]
         script[row["question"]] = [
-            f"<think>Two facts.</think><search> {gold[0]}, {gold[1]} </search>",
+            f"<think>Two facts.</think><search> {', '.join(gold_queries(row))} </search>",
             "<answer> unknown </answer>",
         ]
 
@@ -49,7 +53,12 @@ def test_one_real_search_call_per_turn_and_gold_passages_in_information(
         ids = [p.id for _, p in t.retrieved]
         assert len(ids) == len(set(ids))
         inserted = tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask, strict=True) if not m])
-        assert f"(Title: {row['supporting_titles'][0]})" in inserted
+        # RAG-R1's multi-query layout: the queries, then one document string per query, each
+        # labelled with its titles, so the model can tell which query a passage answers.
+        block = json.loads(inserted.split("<information>")[1].split("</information>")[0])
+        assert block["query"] == gold_queries(row)
+        for title, documents in zip(block["query"], block["documents"], strict=True):
+            assert documents.startswith("Doc 1: ") and f'"{title}"' in documents
 
 
 def test_a_dead_retriever_ends_trajectories_with_retrieval_error(tokenizer: Any) -> None:

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ragr1.agent.grammar import Span, SpanKind, parse_response
+from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.reward.format_check import FormatWeights, check_format
-from ragr1.services.reward.scoring import RewardScorer, ScoreInput
-from ragr1.services.reward.trajectory import parse_response
+from ragr1.services.reward.scoring import Composition, RewardScorer, RewardSettings, ScoreInput
 
 # Search-R1's instruction prompt carries an example answer; its scorer searched prompt + response.
 PROMPT = (
@@ -131,3 +132,40 @@ def test_any_text_parses_and_scores_in_range(prefix: str) -> None:
     # Whatever came before, a closed answer at the end is the answer (unless a tag is still open).
     tail = parse_response(prefix + "</think></search><answer> Lyon </answer>")
     assert tail.answer == "Lyon"
+
+
+def _never_answered() -> list[Span]:
+    return [
+        Span("<think>I need the capital.</think> I will guess.", SpanKind.GENERATED),
+        Span(INVALID_ACTION_FEEDBACK, SpanKind.FEEDBACK),
+        Span("<think>Still unsure.</think>", SpanKind.GENERATED),
+        Span(INVALID_ACTION_FEEDBACK, SpanKind.FEEDBACK),
+    ]
+
+
+@pytest.mark.parametrize("scheme", ["weighted", "search_r1_v03"])
+def test_feedback_text_is_never_scored_as_an_answer(scheme: str) -> None:
+    """The feedback quotes "<answer> and </answer>": a trajectory that never answered must not be scored
+    as answering "and" (which passed the format's answer check and earned 0.1 under Search-R1's v0.3)."""
+    composition = Composition.search_r1_v03() if scheme == "search_r1_v03" else Composition()
+    scorer = RewardScorer(RewardSettings(composition=composition))
+    parts = scorer.score(ScoreInput(spans=_never_answered(), golden_answers=["and"]))
+    assert parts.extracted_answer == "" and parts.exact_match == 0.0 and parts.total == 0.0
+    assert {"no_answer_tag", "invalid_action"} <= set(parts.reasons)
+    # The same text sent as one string falls into the trap; that is why the policy sends spans.
+    trapped = scorer.score(ScoreInput("".join(s.text for s in _never_answered()), ["and"]))
+    assert trapped.extracted_answer == "and"
+
+
+def test_spans_with_tags_inside_information_score_the_models_answer() -> None:
+    spans = [
+        Span("<think>a</think>\n<search> capital of China </search>", SpanKind.GENERATED),
+        Span('\n<information>\nDoc 1: "Quiz"\nanswer: <answer> Shanghai </answer>\n</information>\n',
+             SpanKind.INFORMATION),
+        Span("<think>b</think>\n<answer> Beijing </answer>", SpanKind.GENERATED),
+    ]
+    parts = RewardScorer().score(ScoreInput(spans=spans, golden_answers=["Beijing"]))
+    assert (parts.exact_match, parts.format, parts.extracted_answer) == (1.0, 1.0, "Beijing")
+    # Process reward: the one round's passages come from the information span when none are attached.
+    wrong = RewardScorer().score(ScoreInput(spans=spans, golden_answers=["Shanghai"]))
+    assert wrong.exact_match == 0.0 and wrong.process == 1.0

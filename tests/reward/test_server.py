@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.data import eval_path, read_jsonl
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
@@ -75,6 +76,28 @@ def test_structured_passages_give_the_process_reward(client: RewardClient) -> No
     passages = [common_pb2.Passage(title="Paris", text="Paris is the capital of France.")]
     item = _item("Paris", ["Paris"], retrieved=passages, retrieved_rounds=[0])
     assert client.score([item])[0].process == 1.0
+
+
+def test_spans_are_scored_on_what_the_model_generated(client: RewardClient) -> None:
+    """What the rollout workers send: the feedback span quotes "<answer> and </answer>" and is ignored."""
+    spans = [
+        common_pb2.ResponseSpan(text="I am not sure.", kind=common_pb2.SPAN_KIND_GENERATED),
+        common_pb2.ResponseSpan(text=INVALID_ACTION_FEEDBACK, kind=common_pb2.SPAN_KIND_FEEDBACK),
+    ]
+    (never,) = client.score([reward_pb2.ScoreItem(spans=spans, golden_answers=["and"])])
+    assert never.extracted_answer == "" and never.total == 0.0
+    answered = [*spans, common_pb2.ResponseSpan(text="<think>ok</think><answer> and </answer>",
+                                                kind=common_pb2.SPAN_KIND_GENERATED)]
+    (scored,) = client.score([reward_pb2.ScoreItem(spans=answered, golden_answers=["and"])])
+    assert scored.exact_match == 1.0 and "invalid_action" in scored.reasons
+
+
+def test_a_span_without_a_kind_is_refused(client: RewardClient) -> None:
+    item = reward_pb2.ScoreItem(spans=[common_pb2.ResponseSpan(text="<answer> x </answer>")], golden_answers=["x"])
+    with pytest.raises(grpc.RpcError) as err:
+        client.score([item])
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "items[0].spans[0].kind is 0: say who wrote the span" in str(err.value.details())
 
 
 def test_bad_items_get_reasons_not_errors(client: RewardClient) -> None:

@@ -57,3 +57,23 @@ def test_split_keeps_evaluation_questions_out_of_training() -> None:
     assert {r["id"] for r in narrow.eval} <= {r["id"] for r in split.eval + split.train}
     with pytest.raises(ValueError, match="only"):
         split_questions(3, 5, allowed=set())
+
+
+def test_modes_of_the_eval_command() -> None:
+    assert evaluate.parse_modes("both") == ["single", "multi"]
+    assert evaluate.parse_modes("all") == ["none", "single", "multi"]
+    assert evaluate.parse_modes("none,multi") == ["none", "multi"]
+    with pytest.raises(ValueError, match="--mode 'many'"):
+        evaluate.parse_modes("many")
+
+
+def test_each_source_is_summed_up_on_its_own() -> None:
+    def rollout(source: str, em: float) -> common_pb2.Rollout:
+        return common_pb2.Rollout(data_source=source, reward=common_pb2.RewardParts(exact_match=em, f1=em))
+
+    rollouts = [rollout("hotpotqa", 1), rollout("musique", 0), rollout("hotpotqa", 0), rollout("musique", 0)]
+    hotpot, musique = evaluate.summarise_sources("multi", rollouts, wall_seconds=8.0)
+    assert (hotpot.benchmark, hotpot.questions, hotpot.exact_match) == ("hotpotqa", 2, 0.5)
+    assert (musique.benchmark, musique.exact_match, musique.exact_match_ci) == ("musique", 0.0, (0.0, 0.0))
+    assert hotpot.exact_match_ci[0] <= 0.5 <= hotpot.exact_match_ci[1]
+    assert hotpot.seconds_per_question == musique.seconds_per_question == 2.0

@@ -16,7 +16,7 @@ def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> 
         held.bind(("127.0.0.1", base + 5))  # the trainer's port in a --base-port layout
         held.listen()
         result = subprocess.run(
-            [sys.executable, "-m", "ragr1", "demo", "--quick", "--base-port", str(base), "--run-dir",
+            [sys.executable, "-m", "ragr1", "demo", "--preset", "quick", "--base-port", str(base), "--run-dir",
              str(tmp_path / "run")],
             capture_output=True, text=True, timeout=300,
         )

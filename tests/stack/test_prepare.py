@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat
 from ragr1.data import train_path
-from ragr1.models import prepare_policy_model
 from ragr1.services.trainer import data
 from ragr1.stack.prepare import prepare
 
 
-def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path) -> None:
+def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, tokenizer: Any) -> None:
     done = prepare(["hotpotqa", "popqa"], tmp_path, limit=2)
     assert done.questions == 4 and done.trajectories == 8
     for mode in ("single", "multi"):
@@ -25,9 +25,9 @@ def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path) -> None:
         ]
         assert {t.data_source for t in from_jsonl} == {"hotpotqa", "popqa"}
 
-    tokenizer = AutoTokenizer.from_pretrained(prepare_policy_model())
     items = [q for name in ("hotpotqa", "popqa") for q in data.load_supported_questions(train_path(name), 2)]
-    built = data.sft_sequences(tokenizer, items, ("single", "multi"), passage_words=40)
+    information = InformationFormat(tokenizer, TOKENS_PER_QUERY)
+    built = data.tokenize_trajectories(tokenizer, data.sft_trajectories(items, ("single", "multi"), information, TOP_K))
     loaded = data.tokenize_trajectories(tokenizer, data.load_trajectories(done.sft))
     assert [(s.prompt_ids, s.response_ids, s.loss_mask) for s in loaded] == [
         (s.prompt_ids, s.response_ids, s.loss_mask) for s in built

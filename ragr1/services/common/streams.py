@@ -241,6 +241,14 @@ class StreamQueue(Generic[M]):
         """Entries delivered to the group and not yet acknowledged."""
         return int(self.redis.xpending(self.stream, self.group)["pending"])
 
+    def undelivered(self) -> int:
+        """Entries no consumer of the group has been given yet (Redis 6.2 has no ``lag`` to ask)."""
+        groups = {_text(g["name"]): g for g in self.redis.xinfo_groups(self.stream)} if self.depth() else {}
+        if self.group not in groups:
+            return self.depth()
+        last = _text(groups[self.group]["last-delivered-id"])
+        return len(self.redis.xrange(self.stream, min=f"({last}", max="+"))
+
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")

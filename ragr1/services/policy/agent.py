@@ -2,9 +2,11 @@
 
 Each turn, every live trajectory generates in one engine call, stopping at ``</search>`` or
 ``</answer>``; the queries of all trajectories that searched go to the retriever in one call; the
-passages come back as an ``<information>`` block. Token ids are kept end to end: the generated ids
-are appended as the engine returned them, and only the inserted text (information, feedback) is
-tokenised, so the trainer sees exactly the tokens the behaviour policy saw and sampled.
+passages come back as an ``<information>`` block (``ragr1.agent.information``). Token ids are kept end
+to end: the generated ids are appended as the engine returned them, and only the inserted text
+(information, feedback) is tokenised, so the trainer sees exactly the tokens the behaviour policy saw
+and sampled. Every piece of the response is also kept as a ``Span`` saying who wrote it, which is what
+the reward parses.
 """
 
 from __future__ import annotations
@@ -13,11 +15,21 @@ import asyncio
 import dataclasses
 import enum
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from ragr1.services.policy import prompts
-from ragr1.services.policy.prompts import Passage
+from ragr1.agent import grammar
+from ragr1.agent.grammar import Span, SpanKind
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat, Passage
+from ragr1.agent.prompts import (
+    INVALID_ACTION_FEEDBACK,
+    MAX_QUERIES,
+    QUERY_SEPARATOR,
+    Mode,
+    Tokenizer,
+    chat_prompt_ids,
+    question_prompt,
+)
 
 
 class Status(enum.Enum):
@@ -77,41 +89,41 @@ class SearchBackend(Protocol):
         ...
 
 
-class Tokenizer(Protocol):
-    """The part of a Hugging Face tokenizer the loop uses."""
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-
-def chat_prompt_ids(tokenizer: Tokenizer, user_message: str) -> list[int]:
-    """``user_message`` as the one user turn of the model's chat template, ready for the assistant."""
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user_message}], add_generation_prompt=True, tokenize=True
-    )
-    ids = encoded["input_ids"] if isinstance(encoded, Mapping) or hasattr(encoded, "keys") else encoded
-    return [int(i) for i in ids]
+# Tokens the layout adds around each query's documents (JSON keys, quotes, escaped new lines, a query
+# of up to ~16 tokens; 39 at most measured on the shipped corpus) and around a block (the tags);
+# tests/policy checks them on real passages.
+QUERY_OVERHEAD_TOKENS = 48
+BLOCK_OVERHEAD_TOKENS = 16
+# What the context check assumes for the prompt (RAG-R1's instructions and a question: ~250 tokens).
+PROMPT_TOKENS = 320
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
     """Settings of the loop; ``PolicyConfig`` takes its defaults from here."""
 
-    multi_query: bool = True
-    query_separator: str = ","
-    max_queries_per_search: int = 3
-    # Generation turns before the final one, in which the model must answer.
+    mode: Mode = Mode.MULTI
+    query_separator: str = QUERY_SEPARATOR
+    max_queries_per_search: int = MAX_QUERIES
+    # Generation turns before the final one, in which the model must answer (RAG-R1: 4).
     max_turns: int = 4
-    top_k: int = 3
-    # Tokens of passages per <information> block; the rest is cut.
-    information_token_budget: int = 512
-    # Prompt plus response; the served model's context length.
-    max_model_len: int = 2048
+    top_k: int = TOP_K
+    # Tokens of documents per query in an <information> block (RAG-R1's max_obs_length, per query).
+    tokens_per_query: int = TOKENS_PER_QUERY
+    # Prompt plus response; the served model's context length (SmolLM2-135M: 8,192).
+    max_model_len: int = 8192
     max_query_chars: int = 512
     retrieval_timeout_seconds: float = 30.0
+
+    def search_tokens(self, max_tokens: int) -> int:
+        """The most tokens one searching turn can add: its generation and a full information block."""
+        return max_tokens + self.max_queries_per_search * (self.tokens_per_query + QUERY_OVERHEAD_TOKENS) + (
+            BLOCK_OVERHEAD_TOKENS
+        )
+
+    def context_needed(self, max_tokens: int, prompt_tokens: int = PROMPT_TOKENS) -> int:
+        """Tokens for ``max_turns`` full searches and the final answer turn after a typical prompt."""
+        return prompt_tokens + self.max_turns * self.search_tokens(max_tokens) + max_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +131,7 @@ class Task:
     id: str
     question: str
     # None: the loop's configured mode.
-    multi_query: bool | None = None
+    mode: Mode | None = None
 
 
 @dataclasses.dataclass
@@ -128,10 +140,12 @@ class Trajectory:
     prompt_ids: list[int]
     policy_version: int
     # The mode the trajectory ran in (the task's, or the loop's default).
-    multi_query: bool = True
+    mode: Mode = Mode.MULTI
     response_ids: list[int] = dataclasses.field(default_factory=list)
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    # The response as text, piece by piece, with who wrote each piece.
+    spans: list[Span] = dataclasses.field(default_factory=list)
     status: Status = Status.RUNNING
     error: str = ""
     num_turns: int = 0
@@ -152,15 +166,17 @@ class Trajectory:
     def live(self) -> bool:
         return self.status is Status.RUNNING
 
-    def add_generated(self, generation: Generation) -> None:
-        self.response_ids += generation.token_ids
-        self.loss_mask += [1] * len(generation.token_ids)
-        self.logprobs += generation.logprobs
+    def add_generated(self, ids: Sequence[int], logprobs: Sequence[float], text: str) -> None:
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.spans.append(Span(text, SpanKind.GENERATED))
 
-    def add_inserted(self, ids: Sequence[int]) -> None:
+    def add_inserted(self, ids: Sequence[int], text: str, kind: SpanKind) -> None:
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.spans.append(Span(text, kind))
 
     def end(self, status: Status, error: str = "") -> None:
         self.status, self.error = status, error
@@ -176,24 +192,25 @@ class AgentLoop:
         self.search = search
         self.tokenizer = tokenizer
         self.config = config
-        self._feedback_ids = self._encode(prompts.INVALID_ACTION_FEEDBACK)
-        self._open_ids = self._encode(prompts.INFORMATION_OPEN)
-        self._close_ids = self._encode(prompts.INFORMATION_CLOSE)
+        self.information = InformationFormat(tokenizer, config.tokens_per_query)
+        self._feedback_ids = self._encode(INVALID_ACTION_FEEDBACK)
+        # A turn that ends on end-of-sequence without an action has the feedback appended; like the
+        # reference (which decodes without special tokens), the end-of-sequence token is dropped first,
+        # so the model is never trained on text that follows its own end of turn.
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._eos = {int(eos)} if isinstance(eos, int) else set()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def multi_query(self, task: Task) -> bool:
-        return self.config.multi_query if task.multi_query is None else task.multi_query
+    def mode(self, task: Task) -> Mode:
+        return self.config.mode if task.mode is None else task.mode
 
     def prompt_ids(self, task: Task) -> list[int]:
         """The task's RAG-R1 prompt in the chat template, as token ids (the only prompt tokenisation)."""
         cfg = self.config
-        text = prompts.question_prompt(
-            task.question,
-            multi_query=self.multi_query(task),
-            separator=cfg.query_separator,
-            max_queries=cfg.max_queries_per_search,
+        text = question_prompt(
+            task.question, self.mode(task), separator=cfg.query_separator, max_queries=cfg.max_queries_per_search
         )
         return chat_prompt_ids(self.tokenizer, text)
 
@@ -210,10 +227,10 @@ class AgentLoop:
         if prompt_ids is None:
             prompt_ids = [self.prompt_ids(task) for task in tasks]
         trajectories = [
-            Trajectory(task, list(ids), version, self.multi_query(task))
+            Trajectory(task, list(ids), version, self.mode(task))
             for task, ids in zip(tasks, prompt_ids, strict=True)
         ]
-        stop = tuple(dict.fromkeys([*prompts.STOP_STRINGS, *sampling.stop]))
+        stop = tuple(dict.fromkeys([*grammar.STOP_STRINGS, *sampling.stop]))
         for turn in range(self.config.max_turns + 1):
             if should_abort():
                 for t in trajectories:
@@ -223,8 +240,7 @@ class AgentLoop:
             live = [t for t in trajectories if t.live and self._has_room(t)]
             if not live:
                 break
-            final = turn == self.config.max_turns
-            searches = await self._generate(live, sampling, stop, turn, final=final)
+            searches = await self._generate(live, sampling, stop, turn)
             if searches:
                 await self._retrieve(searches)
         return trajectories
@@ -235,9 +251,13 @@ class AgentLoop:
             return False
         return True
 
+    def _final(self, t: Trajectory, turn: int) -> bool:
+        """The turn in which the trajectory must answer: the last one, or the only one without search."""
+        return turn == self.config.max_turns or t.mode is Mode.NONE
+
     async def _generate(
-        self, live: list[Trajectory], sampling: Sampling, stop: Sequence[str], turn: int, *, final: bool
-    ) -> list[tuple[Trajectory, prompts.Action]]:
+        self, live: list[Trajectory], sampling: Sampling, stop: Sequence[str], turn: int
+    ) -> list[tuple[Trajectory, grammar.Action]]:
         cfg = self.config
         requests = [
             GenerationRequest(
@@ -250,9 +270,13 @@ class AgentLoop:
         start = time.perf_counter()
         generations = await self.engine.generate(requests, sampling, stop)
         elapsed = time.perf_counter() - start
-        searches: list[tuple[Trajectory, prompts.Action]] = []
+        searches: list[tuple[Trajectory, grammar.Action]] = []
         for t, generation in zip(live, generations, strict=True):
-            t.add_generated(generation)
+            ids, logprobs = generation.token_ids, generation.logprobs
+            if generation.stop is None and ids and ids[-1] in self._eos:
+                ids, logprobs = ids[:-1], logprobs[:-1]
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            t.add_generated(ids, logprobs, text)
             t.num_turns += 1
             t.generation_seconds += elapsed
             if t.first_token_seconds is None:
@@ -260,31 +284,31 @@ class AgentLoop:
             if generation.finish_reason == "abort":
                 t.end(Status.ABORTED, "generation aborted by a weight update")
                 continue
-            action = prompts.parse_action(
-                self.tokenizer.decode(generation.token_ids, skip_special_tokens=False),
-                multi_query=self.multi_query(t.task),
+            action = grammar.parse_action(
+                text,
+                multi_query=t.mode is Mode.MULTI,
                 separator=cfg.query_separator,
                 max_queries=cfg.max_queries_per_search,
             )
             if action.kind == "answer":
                 t.end(Status.ANSWERED)
-            elif final:
-                t.end(Status.NO_ANSWER, f"no <answer> after {cfg.max_turns} turns and the final one")
+            elif self._final(t, turn):
+                t.end(Status.NO_ANSWER, f"no <answer> after {t.num_turns} turns")
             elif action.kind == "search":
                 searches.append((t, action))
             else:
                 t.invalid_actions += 1
-                self._insert(t, self._feedback_ids)
+                self._insert(t, self._feedback_ids, INVALID_ACTION_FEEDBACK, SpanKind.FEEDBACK)
         return searches
 
-    def _insert(self, t: Trajectory, ids: list[int]) -> None:
+    def _insert(self, t: Trajectory, ids: list[int], text: str, kind: SpanKind) -> None:
         """Appends system text, or ends the trajectory as truncated if it does not fit."""
         if t.length + len(ids) > self.config.max_model_len:
             t.end(Status.TRUNCATED, f"inserted text would pass max_model_len={self.config.max_model_len}")
             return
-        t.add_inserted(ids)
+        t.add_inserted(ids, text, kind)
 
-    async def _retrieve(self, searches: list[tuple[Trajectory, prompts.Action]]) -> None:
+    async def _retrieve(self, searches: list[tuple[Trajectory, grammar.Action]]) -> None:
         """One retriever call for the queries of every trajectory that searched this turn."""
         cfg = self.config
         queries = [q[: cfg.max_query_chars] for _, action in searches for q in action.queries]
@@ -316,12 +340,7 @@ class AgentLoop:
             t.retrieved += [(t.retrieval_rounds, p) for passages in mine for p in passages]
             t.retrieval_rounds += 1
             t.num_queries += len(action.queries)
-            self._insert(t, self._information_ids(t, mine))
-
-    def _information_ids(self, t: Trajectory, results: Sequence[Sequence[Passage]]) -> list[int]:
-        cfg = self.config
-        wrapper = len(self._open_ids) + len(self._close_ids)
-        room = cfg.max_model_len - t.length - wrapper
-        budget = max(0, min(cfg.information_token_budget, room))
-        body = self._encode(prompts.format_passages(results))[:budget]
-        return self._open_ids + body + self._close_ids
+            block = self.information.block(
+                [q[: cfg.max_query_chars] for q in action.queries], mine, t.mode is Mode.MULTI
+            )
+            self._insert(t, self._encode(block), block, SpanKind.INFORMATION)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from ragr1.agent.information import Passage
 from ragr1.services.common.client import ChannelOptions, open_aio_channel
-from ragr1.services.policy.prompts import Passage
 from ragr1.v1 import common_pb2, retriever_pb2, retriever_pb2_grpc, reward_pb2, reward_pb2_grpc
 
 

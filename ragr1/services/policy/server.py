@@ -12,9 +12,9 @@ from typing import cast
 
 import redis
 
+from ragr1.agent.prompts import Tokenizer
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
-from ragr1.services.policy.agent import Tokenizer
 from ragr1.services.policy.backends import RetrieverSearch, RewardScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine

@@ -23,10 +23,9 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
 
     async def Rollout(self, request: policy_pb2.RolloutRequest, context: Any) -> policy_pb2.RolloutResponse:
         tasks = expand(request.tasks, self.policy.limits.max_batch)
-        trajectories = await self.policy.rollout(
-            [task_of(t) for t in tasks], self._sampling(request.sampling)
-        )
-        rollouts = await build_rollouts(trajectories, tasks, self.policy.tokenizer, self.scorer)
+        sampling = self._sampling(request.sampling)
+        trajectories = await self.policy.rollout([task_of(t) for t in tasks], sampling)
+        rollouts = await build_rollouts(trajectories, tasks, self.policy.tokenizer, self.scorer, sampling)
         return policy_pb2.RolloutResponse(rollouts=rollouts)
 
     async def Generate(

@@ -110,7 +110,11 @@ class RolloutWorker:
         keep = [i for i, task in enumerate(tasks) if task.id not in failed]
         try:
             rollouts = await build_rollouts(
-                [trajectories[i] for i in keep], [tasks[i] for i in keep], self.policy.tokenizer, self.scorer
+                [trajectories[i] for i in keep],
+                [tasks[i] for i in keep],
+                self.policy.tokenizer,
+                self.scorer,
+                self.sampling,
             )
         except Exception:
             log.exception("scoring failed; %d prompts will be handed out again", len(done))

@@ -1,5 +1,10 @@
 """Scoring a batch of trajectories: outcome, format and process parts, and their composition.
 
+The outcome looks only at what the model generated. Callers that know who wrote what (the rollout
+workers) send the response as spans, and only the generated ones are parsed as actions: the passages
+and the invalid-action feedback the system inserted, which quote the tags, are never read as a search
+or an answer. A response sent as one text is parsed with its ``<information>`` blocks opaque.
+
 The outcome looks only at the response (everything after the prompt). Search-R1's scorer reads the
 prompt too and, when the response has no answer, takes the example ``<answer>`` of the prompt's
 instructions (it asks for a second match to work around that); here the prompt never reaches the
@@ -19,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ragr1.agent.grammar import ParsedResponse, Span, parse_response, parse_spans
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.answers import exact_match, normalized_golds, token_f1
 from ragr1.services.reward.format_check import FormatWeights, check_format
 from ragr1.services.reward.process import Passage, RelevanceScorer, Round, process_score
-from ragr1.services.reward.trajectory import parse_response
 
 SCHEMES = ("weighted", "search_r1_v03")
 
@@ -37,12 +42,15 @@ class RetrievedPassage:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreInput:
-    response: str
+    # The response as one text; ignored when ``spans`` are given.
+    response: str = ""
     golden_answers: Sequence[str] = ()
     supporting_titles: Sequence[str] = ()
     # Empty: the rounds are read from the response's <information> blocks instead.
     retrieved: Sequence[RetrievedPassage] = ()
     id: str = ""
+    # The response as pieces with who wrote each (generated, information, feedback), in order.
+    spans: Sequence[Span] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,22 +183,37 @@ class RewardScorer:
         validate(items, self.settings.limits)
         return [self.score(item) for item in items]
 
-    def score(self, item: ScoreInput) -> Parts:
+    def _parse(self, item: ScoreInput) -> tuple[ParsedResponse | None, list[str]]:
+        """The parsed response and the reasons met on the way; None (with the reason) for no response."""
         settings = self.settings
-        if not item.response.strip():
-            return Parts(reasons=("empty_response",))
-        if len(item.response) > settings.limits.max_response_chars:
-            return Parts(reasons=("response_too_long",))
-        response, repaired = _clean(item.response)
-        reasons: list[str] = ["invalid_unicode"] if repaired else []
-        if "\ufffd" in response and not repaired:
+        texts = [s.text for s in item.spans] if item.spans else [item.response]
+        if not "".join(texts).strip():
+            return None, ["empty_response"]
+        if sum(len(t) for t in texts) > settings.limits.max_response_chars:
+            return None, ["response_too_long"]
+        cleaned = [_clean(t) for t in texts]
+        reasons: list[str] = []
+        if any(repaired for _, repaired in cleaned):
+            reasons.append("invalid_unicode")
+        elif any("\ufffd" in t for t, _ in cleaned):
             reasons.append("replacement_char")
+        if item.spans:
+            spans = [Span(text, s.kind) for (text, _), s in zip(cleaned, item.spans, strict=True)]
+            return parse_spans(spans), reasons
+        response = cleaned[0][0]
         marker = settings.assistant_marker
         if marker and marker in response:
             response = response[response.rindex(marker) + len(marker) :]
             reasons.append("prompt_in_response")
+        return parse_response(response), reasons
 
-        parsed = parse_response(response)
+    def score(self, item: ScoreInput) -> Parts:
+        settings = self.settings
+        parsed, reasons = self._parse(item)
+        if parsed is None:
+            return Parts(reasons=tuple(reasons))
+        if parsed.invalid_actions:
+            reasons.append("invalid_action")
         fmt = check_format(parsed, settings.format_weights)
         reasons += fmt.reasons
         answer = parsed.answer

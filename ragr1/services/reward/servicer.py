@@ -7,12 +7,14 @@ import time
 
 import grpc
 
+from ragr1.agent.grammar import Span, SpanKind
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.metrics import record_batch
 from ragr1.services.reward.scoring import Parts, RetrievedPassage, RewardScorer, ScoreInput, check_batch_size
 from ragr1.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
 SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name
+_SPAN_KINDS = {kind.value for kind in SpanKind}
 
 
 def to_input(index: int, item: reward_pb2.ScoreItem) -> ScoreInput:
@@ -23,9 +25,18 @@ def to_input(index: int, item: reward_pb2.ScoreItem) -> ScoreInput:
             f"{len(item.retrieved)}; give one round per passage, or none (all in round 0)"
         )
     rounds = rounds or [0] * len(item.retrieved)
+    spans = []
+    for j, span in enumerate(item.spans):
+        if span.kind not in _SPAN_KINDS:
+            raise InvalidArgument(
+                f"items[{index}].spans[{j}].kind is {span.kind}: say who wrote the span "
+                "(SPAN_KIND_GENERATED, SPAN_KIND_INFORMATION or SPAN_KIND_FEEDBACK)"
+            )
+        spans.append(Span(span.text, SpanKind(span.kind)))
     return ScoreInput(
         id=item.id,
         response=item.response,
+        spans=spans,
         golden_answers=list(item.golden_answers),
         supporting_titles=list(item.supporting_titles),
         retrieved=[RetrievedPassage(p.title, p.text, r) for p, r in zip(item.retrieved, rounds, strict=True)],

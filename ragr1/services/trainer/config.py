@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
@@ -34,11 +35,15 @@ class SFTConfig(ModelSettings):
         lambda: ["hotpotqa"], "training sets (shipped names or JSONL paths) with supporting paragraphs", factory=True
     )
     modes: list[str] = setting(
-        lambda: ["single", "multi"], "trajectory variants: single, multi", factory=True
+        lambda: ["single", "multi"], "trajectory variants: single, multi (and none: answer without search)",
+        factory=True,
     )
     limit: int = setting(64, "questions per training set")
-    top_k: int = setting(3, "passages per query in the <information> block")
-    passage_words: int = setting(40, "words kept of each passage (shorter sequences train faster)")
+    # Both must equal the policy's --top-k and --tokens-per-query: SFT shows the blocks the loop shows.
+    top_k: int = setting(TOP_K, "passages per query in the <information> block (the policy's --top-k)")
+    tokens_per_query: int = setting(
+        TOKENS_PER_QUERY, "tokens of documents per query in the <information> block (the policy's value)"
+    )
     lr: float = setting(1e-5, "learning rate")
     epochs: int = setting(1, "passes over the trajectories")
     batch_size: int = setting(8, "sequences per optimiser step")

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ragr1.agent.information import InformationFormat
+from ragr1.agent.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
+from ragr1.agent.sft import Piece, SupportedQuestion, trajectory
 from ragr1.data import read_jsonl_numbered
-from ragr1.services.policy.agent import Tokenizer, chat_prompt_ids
-from ragr1.services.trainer import templates
 from ragr1.v1 import common_pb2
 
 ABILITY = "fact-reasoning"
@@ -40,14 +40,26 @@ class TokenSequence:
             )
 
 
+_SEARCH_MODES = {
+    Mode.SINGLE: common_pb2.SEARCH_MODE_SINGLE,
+    Mode.MULTI: common_pb2.SEARCH_MODE_MULTI,
+    Mode.NONE: common_pb2.SEARCH_MODE_NONE,
+}
+
+
 def parse_mode(mode: str | int) -> int:
-    """``"single"``/``"multi"`` (or the enum value) -> ``SearchMode``."""
+    """``"single"``/``"multi"``/``"none"`` (or the enum value) -> ``SearchMode``."""
     if isinstance(mode, int):
         return mode
-    names = {"single": common_pb2.SEARCH_MODE_SINGLE, "multi": common_pb2.SEARCH_MODE_MULTI}
-    if mode not in names:
-        raise ValueError(f"unknown search mode {mode!r}; use 'single' or 'multi'")
-    return names[mode]
+    return _SEARCH_MODES[Mode.parse(mode)]
+
+
+def mode_of(search_mode: int) -> Mode:
+    """``SearchMode`` -> the protocol's ``Mode`` (unspecified means multi, the default)."""
+    for mode, value in _SEARCH_MODES.items():
+        if value == search_mode:
+            return mode
+    return Mode.MULTI
 
 
 def _require(record: dict[str, Any], field: str, where: str) -> Any:
@@ -108,9 +120,7 @@ def write_parquet(tasks: Sequence[common_pb2.PromptTask], path: Path, split: str
 
     rows = []
     for index, task in enumerate(tasks):
-        prompt = templates.question_prompt(
-            task.question, multi_query=task.mode == common_pb2.SEARCH_MODE_MULTI
-        )
+        prompt = question_prompt(task.question, mode_of(task.mode))
         rows.append(
             {
                 "id": task.id,
@@ -149,7 +159,7 @@ def read_parquet(path: Path, mode: str | int, limit: int | None = None) -> list[
         if isinstance(truth, dict):
             truth = _require(record, "reward_model.ground_truth.target", where)
         answers = _answers(truth, where, "reward_model.ground_truth")
-        question = record.get("question") or templates.question_from_prompt(user[-1]["content"])
+        question = record.get("question") or question_from_prompt(user[-1]["content"])
         tasks.append(
             common_pb2.PromptTask(
                 id=str(record.get("id") or task_id(source, question)),
@@ -170,16 +180,6 @@ def load_tasks(path: Path, mode: str | int, limit: int | None = None) -> list[co
 
 
 # -- SFT trajectories -------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class SupportedQuestion:
-    question: str
-    answer: str
-    # (title, text) of each supporting paragraph, in the order a search should find them.
-    gold: list[tuple[str, str]]
-    # Non-supporting paragraphs, to fill each query's top-k as a retriever would.
-    distractors: list[tuple[str, str]]
 
 
 def load_supported_questions(path: Path, limit: int | None = None) -> list[SupportedQuestion]:
@@ -203,75 +203,16 @@ def load_supported_questions(path: Path, limit: int | None = None) -> list[Suppo
     return out
 
 
-def _results(
-    item: SupportedQuestion,
-    titles: Sequence[tuple[str, str]],
-    top_k: int,
-    rng: random.Random,
-    passage_words: int,
-) -> list[list[tuple[str, str]]]:
-    """One top-k list per query: the gold paragraph first, then distractors, each cut to ``passage_words``."""
-    results = []
-    for paragraph in titles:
-        fill = rng.sample(item.distractors, min(top_k - 1, len(item.distractors)))
-        results.append([(title, _cut(text, passage_words)) for title, text in [paragraph, *fill]])
-    return results
-
-
-def _cut(text: str, words: int) -> str:
-    parts = text.split()
-    return text if words <= 0 or len(parts) <= words else " ".join(parts[:words]) + " ..."
-
-
-def trajectory_segments(
-    item: SupportedQuestion,
-    multi_query: bool,
-    top_k: int = 3,
-    max_queries: int = templates.MAX_QUERIES,
-    seed: int = 0,
-    passage_words: int = 0,
-) -> list[tuple[str, bool]]:
-    """The response as (text, generated) pieces: think, search, information (not generated), …, answer.
-
-    Multi-query mode searches every supporting title in one call (at most ``max_queries`` per call);
-    single-query mode searches them one at a time.
-    """
-    rng = random.Random(f"{seed}:{item.question}")
-    gold = item.gold
-    calls = (
-        [gold[i : i + max_queries] for i in range(0, len(gold), max_queries)]
-        if multi_query
-        else [[g] for g in gold]
-    )
-    segments: list[tuple[str, bool]] = []
-    for n, call in enumerate(calls):
-        titles = [t for t, _ in call]
-        reason = (
-            f"I need to know about {', '.join(titles)} to answer the question."
-            if n == 0
-            else f"I still need to know about {', '.join(titles)}."
-        )
-        segments.append((templates.think(reason) + templates.search_call(titles), True))
-        information = templates.information_segments(_results(item, call, top_k, rng, passage_words))
-        segments += [(piece, False) for piece in information]
-    segments.append(
-        (
-            templates.think(f"The documents show the answer is {item.answer}.")
-            + templates.answer(item.answer),
-            True,
-        )
-    )
-    return segments
-
-
-def render_prompt_ids(tokenizer: Tokenizer, question: str, multi_query: bool) -> list[int]:
+def render_prompt_ids(tokenizer: Tokenizer, question: str, mode: Mode) -> list[int]:
     """The prompt token ids exactly as the policy's loop renders them (chat template, generation prompt)."""
-    return chat_prompt_ids(tokenizer, templates.question_prompt(question, multi_query=multi_query))
+    return chat_prompt_ids(tokenizer, question_prompt(question, mode))
 
 
 def tokenize_segments(
-    tokenizer: Tokenizer, prompt_ids: list[int], segments: Iterable[tuple[str, bool]], eos_id: int | None
+    tokenizer: Tokenizer, prompt_ids: list[int], segments: Iterable[Piece], eos_id: int | None
 ) -> TokenSequence:
+    """Each piece tokenised on its own, as the loop tokenises what it inserts; the mask marks generated
+    pieces. The end-of-sequence token closes the answer turn, as the chat template ends a reply."""
     response: list[int] = []
     mask: list[int] = []
     for text, generated in segments:
@@ -289,25 +230,23 @@ class Trajectory:
     """One SFT trajectory as text: the question, its mode, and the response in (text, generated) pieces."""
 
     question: str
-    multi_query: bool
-    segments: list[tuple[str, bool]]
+    mode: Mode
+    segments: list[Piece]
 
     def to_record(self) -> dict[str, Any]:
-        return {"question": self.question, "mode": "multi" if self.multi_query else "single",
+        return {"question": self.question, "mode": self.mode.value,
                 "segments": [{"text": text, "generated": generated} for text, generated in self.segments]}
 
 
 def sft_trajectories(
-    items: Sequence[SupportedQuestion], modes: Sequence[str] = ("single", "multi"), top_k: int = 3,
-    passage_words: int = 0,
+    items: Sequence[SupportedQuestion], modes: Sequence[str], information: InformationFormat, top_k: int
 ) -> list[Trajectory]:
-    """One trajectory per question and mode."""
+    """One trajectory per question and mode, with information blocks as the loop would build them."""
     out = []
     for item in items:
-        for mode in modes:
-            multi = parse_mode(mode) == common_pb2.SEARCH_MODE_MULTI
-            out.append(Trajectory(item.question, multi,
-                                  trajectory_segments(item, multi, top_k, passage_words=passage_words)))
+        for name in modes:
+            mode = Mode.parse(name)
+            out.append(Trajectory(item.question, mode, trajectory(item, mode, information, top_k=top_k)))
     return out
 
 
@@ -317,7 +256,10 @@ def load_trajectories(path: Path, limit: int | None = None) -> list[Trajectory]:
     for lineno, record in read_jsonl_numbered(path, limit):
         where = f"{path}:{lineno}"
         question = _require(record, "question", where)
-        multi = parse_mode(_require(record, "mode", where)) == common_pb2.SEARCH_MODE_MULTI
+        try:
+            mode = Mode.parse(str(_require(record, "mode", where)))
+        except ValueError as exc:
+            raise ValueError(f"{where}: field 'mode': {exc}") from None
         pieces = _require(record, "segments", where)
         if not isinstance(pieces, list) or not pieces:
             raise ValueError(f"{where}: field 'segments' must be a non-empty list")
@@ -326,7 +268,7 @@ def load_trajectories(path: Path, limit: int | None = None) -> list[Trajectory]:
             if not isinstance(piece, dict) or not isinstance(piece.get("text"), str) or "generated" not in piece:
                 raise ValueError(f"{where}: field 'segments[{i}]' needs 'text' and 'generated'")
             segments.append((piece["text"], bool(piece["generated"])))
-        out.append(Trajectory(str(question), multi, segments))
+        out.append(Trajectory(str(question), mode, segments))
     return out
 
 
@@ -339,18 +281,7 @@ def is_trajectory_file(path: Path) -> bool:
 
 def tokenize_trajectories(tokenizer: Any, trajectories: Sequence[Trajectory]) -> list[TokenSequence]:
     return [
-        tokenize_segments(tokenizer, render_prompt_ids(tokenizer, t.question, t.multi_query), t.segments,
+        tokenize_segments(tokenizer, render_prompt_ids(tokenizer, t.question, t.mode), t.segments,
                           tokenizer.eos_token_id)
         for t in trajectories
     ]
-
-
-def sft_sequences(
-    tokenizer: Any,
-    items: Sequence[SupportedQuestion],
-    modes: Sequence[str] = ("single", "multi"),
-    top_k: int = 3,
-    passage_words: int = 0,
-) -> list[TokenSequence]:
-    """One tokenised trajectory per question and mode."""
-    return tokenize_trajectories(tokenizer, sft_trajectories(items, modes, top_k, passage_words))

@@ -7,10 +7,12 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ragr1 import data as shipped
+from ragr1.agent.information import InformationFormat
 from ragr1.models import prepare_policy_model
 from ragr1.services.trainer import data, ppo
 from ragr1.services.trainer.checkpoint import Checkpointer
@@ -40,13 +42,15 @@ class SFTTrainer:
         """From QA files with supporting paragraphs, or from trajectories ``ragr1 data prepare`` wrote."""
         c = self.config
         trajectories: list[data.Trajectory] = []
+        tokenizer: Any = self.model.tokenizer
+        information = InformationFormat(tokenizer, c.tokens_per_query)
         for name in c.train_files:
             path = shipped.train_source(name)
             if data.is_trajectory_file(path):
                 trajectories += data.load_trajectories(path, c.limit or None)
             else:
                 items = data.load_supported_questions(path, c.limit or None)
-                trajectories += data.sft_trajectories(items, c.modes, c.top_k, c.passage_words)
+                trajectories += data.sft_trajectories(items, c.modes, information, c.top_k)
         return data.tokenize_trajectories(self.model.tokenizer, trajectories)
 
     def step(self, sequences: Sequence[data.TokenSequence]) -> dict[str, float]:

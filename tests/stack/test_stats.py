@@ -1,0 +1,53 @@
+"""Intervals and baselines of the demo's table: bootstrap, paired gains, the best constant answer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ragr1.data import read_jsonl, train_path
+from ragr1.stack import stats
+from ragr1.stack.questions import split_questions
+
+
+def test_bootstrap_interval_holds_the_mean_and_narrows_with_more_questions() -> None:
+    rng = random.Random(0)
+    small = [float(rng.random() < 0.3) for _ in range(20)]
+    large = [float(rng.random() < 0.3) for _ in range(400)]
+    s, big = stats.bootstrap(small), stats.bootstrap(large)
+    assert s.low <= s.mean <= s.high and big.low <= big.mean <= big.high
+    assert (big.high - big.low) < (s.high - s.low) / 3
+    # A binomial proportion's 95% interval at n=400, p~0.3 is about +-0.045.
+    assert 0.07 < big.high - big.low < 0.11
+    assert stats.bootstrap([1.0] * 10) == stats.Estimate(1.0, 1.0, 1.0, 10)
+
+
+def test_paired_gain_sees_what_two_overlapping_intervals_hide() -> None:
+    rng = random.Random(1)
+    before = [float(rng.random() < 0.3) for _ in range(60)]
+    after = [1.0 if b else float(rng.random() < 0.2) for b in before]  # only ever gains
+    a, b = stats.bootstrap(after), stats.bootstrap(before)
+    assert a.low < b.high  # the marginal intervals overlap ...
+    gain = stats.paired_difference(after, before)
+    assert gain.excludes_zero() and gain.mean == pytest.approx(a.mean - b.mean)  # ... the paired one does not
+    with pytest.raises(ValueError, match="differ in size"):
+        stats.paired_difference([1.0], [1.0, 0.0])
+
+
+def test_best_constant_is_the_most_frequent_answer_and_scores_what_it_should() -> None:
+    golds = [["Politician"], ["politician", "statesman"], ["actor"], ["The Politician"], ["journalist"]]
+    best = stats.best_constant(golds)
+    assert best.answer == "politician"
+    assert best.exact_match.mean == pytest.approx(3 / 5)
+
+
+def test_demo_questions_leave_no_room_for_a_constant() -> None:
+    split = split_questions(40, 0)
+    assert not any(stats.is_yes_no(r["golden_answers"]) for r in split.eval)
+    for source in ("hotpotqa", "musique"):
+        golds = [r["golden_answers"] for r in split.eval if r["dataset"] == source]
+        assert len(golds) == 40 and stats.best_constant(golds).exact_match.mean <= 0.05
+    # PopQA, which the demo used before, lets one word score a quarter of its occupation questions.
+    popqa = [r["golden_answers"] for r in read_jsonl(train_path("popqa"), limit=40)]
+    assert stats.best_constant(popqa).exact_match.mean >= 0.2
