@@ -89,33 +89,36 @@ def test_bad_stale_and_duplicate_rollouts_are_handled_and_training_goes_on(
 def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
     redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    # The policy serves the starting weights as version 1; S = 1, so version 0 is stale after one update.
     loop = make_loop(
-        redis_client, tiny_model_dir, tmp_path, batch_size=4, max_updates=2, max_staleness=0, samples_per_prompt=2
+        redis_client, tiny_model_dir, tmp_path, batch_size=4, max_updates=2, max_staleness=1, samples_per_prompt=2,
+        start_version=1,
     )
     produce(
         redis_client,
         [
-            make_rollout("a1", group="A"), make_rollout("b1", group="B"), make_rollout("a2", group="A"),
+            make_rollout("a1", 1, group="A"), make_rollout("b1", 1, group="B"), make_rollout("a2", 1, group="A"),
             # C has a member sampled greedily (dead-lettered): its other member is dropped, never trained.
-            make_rollout("c1", group="C"), make_rollout("c2", group="C", temperature=0.0),
-            make_rollout("d1", group="D"), make_rollout("d2", group="D"),
+            make_rollout("c1", 1, group="C"), make_rollout("c2", 1, group="C", temperature=0.0),
+            make_rollout("d1", 1, group="D"), make_rollout("d2", 1, group="D"),
         ],
     )
     loop.rollouts.ensure_group()
     loop.prompts.ensure_group()
     loop.collect()
-    first = loop.train_batch()  # version 1; B is still arriving and waits
+    first = loop.train_batch()  # version 2; B is still arriving and waits
     assert sorted(first["rollout_ids"]) == ["a1", "a2", "d1", "d2"]
-    # B's second member arrives; E has one member a version behind (S = 0): E is dropped whole.
+    # B's second member arrives; E has one member two versions behind (S = 1): E is dropped whole.
     produce(
         redis_client,
-        [make_rollout("e1", version=1, group="E"), make_rollout("b2", version=1, group="B"),
-         make_rollout("e2", version=0, group="E"), make_rollout("f1", version=1, group="F"),
-         make_rollout("f2", version=1, group="F")],
+        [make_rollout("e1", 2, group="E"), make_rollout("b2", 2, group="B"),
+         make_rollout("e2", 0, group="E"), make_rollout("f1", 2, group="F"),
+         make_rollout("f2", 2, group="F")],
     )
     loop.run()
     records = loop.steps.read()
     assert [sorted(r["rollout_ids"]) for r in records] == [["a1", "a2", "d1", "d2"], ["b1", "b2", "f1", "f2"]]
+    assert loop.version == 3
     assert loop.status.rollouts_dropped_stale == 2  # e1 (fresh) went with its stale group-mate e2
     assert [d["id"] for d in loop.rollouts.dead_letters()] == ["c2"]
     assert loop.rollouts.pending() == 0  # c1, e1 and e2 were settled without training
@@ -176,6 +179,7 @@ def test_a_finished_run_removes_the_prompts_no_worker_has_taken(
     # The prompt being worked on stays (its rollout may still come); the three untaken ones are gone.
     left = [common_pb2.PromptTask.FromString(f[b"data"]).id for _, f in redis_client.xrange(PROMPTS)]
     assert left == [taken[0].message.id]
+    assert workers.undelivered() == 0
     assert workers.consume(10) == []
     # Their rollouts are no longer counted as in flight: 4 admitted - 3 removed, 2 settled.
     assert int(redis_client.hget(loop.counters, "admitted") or 0) == 1

@@ -26,7 +26,9 @@ def on_policy_samples(n: int = 4, group_size: int = 2) -> list[Sample]:
     own weights, so every importance weight is 1)."""
     samples = []
     for i in range(n):
-        sample = to_sample(make_rollout(f"r{i}", score=[1.0, 0.0, 0.5, 0.0][i % 4], seed=i, group=f"g{i // group_size}"))
+        sample = to_sample(
+            make_rollout(f"r{i}", score=[1.0, 0.0, 0.5, 0.0][i % 4], seed=i, group=f"g{i // group_size}")
+        )
         sample.behaviour_logprobs = None
         samples.append(sample)
     return samples
@@ -137,9 +139,23 @@ def test_bad_settings_are_refused_naming_them(change: dict[str, object], message
 def test_ragr1_train_ppo_refuses_split_grpo_groups_before_anything_starts(tmp_path: Path) -> None:
     result = subprocess.run(
         [
-            sys.executable, "-m", "ragr1", "train", "ppo", "--advantage", "grpo", "--samples-per-prompt", "4",
-            "--batch-size", "6", "--mini-batch-size", "2", "--output-dir", str(tmp_path / "out"),
-            "--redis-url", "redis://127.0.0.1:1/0",
+            sys.executable,
+            "-m",
+            "ragr1",
+            "train",
+            "ppo",
+            "--advantage",
+            "grpo",
+            "--samples-per-prompt",
+            "4",
+            "--batch-size",
+            "6",
+            "--mini-batch-size",
+            "2",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--redis-url",
+            "redis://127.0.0.1:1/0",
         ],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         cwd=ROOT,

@@ -400,7 +400,6 @@ class PPOLoop:
 
     # -- one update -----------------------------------------------------------------------------
     def train_batch(self) -> dict[str, Any]:
-        s = self.settings
         batch = self._take_batch()
         rollouts = [d.message for d in batch]
         staleness = [self.version - r.policy_version for r in rollouts]

@@ -254,7 +254,9 @@ class PolicyModel(nn.Module):
         deltas = {}
         for name, module in self.base().named_modules():
             if isinstance(module, LoraLayer):
-                deltas[f"{name}.weight"] = module.get_delta_weight("default").detach()
+                # Defined on LoraLayer's concrete subclasses (Linear here), not on the base class.
+                delta = module.get_delta_weight("default")  # type: ignore[attr-defined]
+                deltas[f"{name}.weight"] = delta.detach()
         state = {}
         for key, value in self.base().state_dict().items():
             if "lora_" in key:
