@@ -44,6 +44,8 @@ CONFIGURATIONS: dict[str, dict[str, object]] = {
     },
 }
 BASELINE = "old (baseline)"
+# The parent stops a child when the machine has less than this left.
+MIN_AVAILABLE_GIB = 0.75
 
 
 def rss_gib(pid: int) -> float:
@@ -54,6 +56,13 @@ def rss_gib(pid: int) -> float:
     except FileNotFoundError:
         pass
     return 0.0
+
+
+def available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
 
 
 def peak_gib() -> float:
@@ -133,10 +142,11 @@ def run(name: str, rollouts: int, limit_gib: float) -> dict[str, object]:
     watched = 0.0
     while proc.poll() is None:
         watched = max(watched, rss_gib(proc.pid))
-        if watched > limit_gib:
+        # A shared machine: stop before the kernel has to kill anything (ours or another process).
+        if watched > limit_gib or available_gib() < MIN_AVAILABLE_GIB:
             proc.kill()
             proc.wait()
-            return {"peak_gib": None, "watched_gib": watched}
+            return {"peak_gib": None, "watched_gib": watched, "low_memory": watched <= limit_gib}
         time.sleep(0.1)
     out, err = proc.communicate()
     if proc.returncode != 0:
@@ -159,7 +169,10 @@ def main() -> None:
     for name in wanted:
         results[name] = run(name, args.rollouts, args.limit_gib)
         print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
-    first = next(r for r in results.values() if r.get("tokens_mean"))
+    first = next((r for r in results.values() if r.get("tokens_mean")), None)
+    if first is None:
+        print(json.dumps(results))
+        return
     print(
         f"\nOne PPO update of SmolLM2-135M: {args.rollouts} rollouts of {first['tokens_mean']:.0f} tokens on "
         f"average, {100 * float(first['masked_share']):.0f}% of the response masked (information)\n"  # type: ignore[arg-type]
@@ -169,7 +182,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for name, r in results.items():
         if r["peak_gib"] is None:
-            print(f"| {name} | > {args.limit_gib:.1f} (stopped) | | | |")
+            why = "machine low on memory" if r.get("low_memory") else "limit"
+            print(f"| {name} | > {float(r['watched_gib']):.1f} (stopped: {why}) | | | |")  # type: ignore[arg-type]
             continue
         ratio = f"{float(r['peak_gib']) / float(base):.2f}" if base else "n/a"  # type: ignore[arg-type]
         print(
