@@ -3,7 +3,13 @@ the module: the trainer's temperature-scaled log-probs equal vLLM's processed lo
 weight-sync check stays quiet while the engine serves the trainer's weights (reloaded through the
 path ``Policy.UpdateWeights`` takes) and fires once it serves other ones.
 
-Slow: engine start (30-60 s) and three PPO updates of SmolLM2 (LoRA) on short rollouts.
+Slow: engine start (30-60 s alone; 6 minutes on the shared 2-core machine under load) and three PPO
+updates of SmolLM2 (LoRA, the shipped defaults) on short rollouts (1-7 minutes each under load).
+
+Measured (2026-11-22, this machine): the trainer (bf16 autocast) against vLLM (fp32) on rollouts of the
+trainer's own version: mean gap 0.023 nats per generated token (max 0.13) on the starting weights and
+0.033 (max 0.70) after the trainer's version-1 checkpoint was reloaded into the engine; the default
+alarm threshold is 0.1.
 """
 
 from __future__ import annotations
@@ -121,7 +127,7 @@ def test_tempered_log_probs_equal_vllms_processed_log_probs(
     assert float((plain - vllm).abs()[mask].mean()) > 50 * FP32_TOLERANCE
 
 
-def perturbed_checkpoint(source: Path, target: Path, scale: float = 0.02) -> Path:
+def perturbed_checkpoint(source: Path, target: Path, scale: float = 0.1) -> Path:
     """The same architecture with every weight matrix moved by relative Gaussian noise: wrong weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -137,6 +143,7 @@ def perturbed_checkpoint(source: Path, target: Path, scale: float = 0.02) -> Pat
     return target
 
 
+@pytest.mark.timeout(1800)
 def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     engine: tuple[VllmEngine, asyncio.AbstractEventLoop],
     redis_client: redis.Redis,

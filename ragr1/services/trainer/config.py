@@ -148,6 +148,8 @@ class PPOConfig(PPOSettings, ServerConfig):
     )
     update_timeout_seconds: float = setting(120.0, "deadline of each UpdateWeights call")
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
+    # Measured with the real engine (tests/trainer/test_engine_sync.py): SmolLM2, trainer bf16 autocast
+    # against vLLM fp32, the normal mean gap is 0.02-0.03 nats per generated token; 0.1 is 3-4x above it.
     logprob_gap_threshold: float = setting(
         0.1,
         "weight-sync alarm: mean |trainer - vLLM| log-prob per generated token (nats) of the rollouts "
