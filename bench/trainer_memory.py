@@ -70,7 +70,7 @@ def peak_gib() -> float:
 
 
 def realistic_samples(tokenizer: object, count: int, seed: int = 0) -> list[object]:
-    """``count`` rollouts of 1,500-2,000 tokens: generated turns (60-160 tokens) alternating with inserted
+    """``count`` rollouts of 1,500-2,000 tokens: generated turns (180-380 tokens) alternating with inserted
     information blocks (3 queries x ~100 tokens), until the length is reached; about half masked."""
     from ragr1.agent.prompts import Mode
     from ragr1.data import train_path
@@ -85,7 +85,7 @@ def realistic_samples(tokenizer: object, count: int, seed: int = 0) -> list[obje
         total = rng.randint(1500, 2000) - len(prompt)
         mask: list[int] = []
         while len(mask) < total:
-            mask += [1] * rng.randint(60, 160)
+            mask += [1] * rng.randint(180, 380)
             if len(mask) < total - 100:
                 mask += [0] * rng.randint(250, 330)
         mask = mask[:total]
