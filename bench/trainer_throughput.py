@@ -79,8 +79,7 @@ def rollout_samples(tokenizer: object, count: int, response_tokens: int) -> list
 
 def ppo_tokens_per_second(model_dir: Path, samples: list[Sample], bf16: bool, lora: int, steps: int) -> float:
     settings = PPOSettings(bf16=bf16, lora_rank=lora, micro_batch_size=4)
-    model = PolicyModel(model_dir, lora_rank=lora, value_head=True, with_reference=True, bf16=bf16)
-    updater = PPOUpdater(settings, model)
+    updater = PPOUpdater.build(settings, model_dir)
     updater.update(samples[:2])  # warm-up
     start = time.perf_counter()
     tokens = sum(updater.update(samples)["tokens"] for _ in range(steps))
@@ -100,13 +99,13 @@ def queue_overhead(model_dir: Path, samples: list[Sample], steps: int) -> tuple[
                 loss_mask=s.sequence.loss_mask,
                 behaviour_logprobs=s.behaviour_logprobs or [],
                 reward=common_pb2.RewardParts(total=s.score),
+                sampling=common_pb2.SamplingParams(temperature=s.temperature, top_p=1.0),
             )
             for n in range(steps)
             for s in samples
         ]
         StreamQueue(client, ROLLOUTS, common_pb2.Rollout, group="trainer").produce(rollouts)
         tasks = data.load_qa_tasks(train_path("hotpotqa"), "multi", limit=8)
-        model = PolicyModel(model_dir, lora_rank=16, value_head=True, bf16=True)
         settings = LoopSettings(
             batch_size=len(samples),
             max_staleness=steps,
@@ -120,7 +119,7 @@ def queue_overhead(model_dir: Path, samples: list[Sample], steps: int) -> tuple[
             settings,
             client,
             tasks,
-            PPOUpdater(PPOSettings(lora_rank=16, micro_batch_size=4), model),
+            PPOUpdater.build(PPOSettings(lora_rank=16, micro_batch_size=4), model_dir),
             Checkpointer(Path(out) / "checkpoints"),
             StepLog(Path(out) / "steps.jsonl"),
         )
@@ -156,7 +155,7 @@ def main() -> None:
     samples = rollout_samples(tokenizer, args.sequences, args.response_tokens)
     mean_len = sum(len(s.sequence.prompt_ids) + len(s.sequence.response_ids) for s in samples) / len(samples)
     print(
-        f"\nPPO (GAE critic on the shared trunk, KL to reference): {len(samples)} rollouts, "
+        f"\nPPO (defaults: separate critic, k1 KL in the reward, 4 rollouts per mini-batch): {len(samples)} rollouts, "
         f"{mean_len:.0f} tokens each"
     )
     base = None

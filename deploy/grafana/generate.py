@@ -191,12 +191,30 @@ TRAINER = Dashboard(
                   [("ragr1_trainer_kl", "KL"), ("ragr1_trainer_entropy_nats", "entropy (nats)")]),
             Panel("Losses", [("avg by (kind) (ragr1_trainer_loss)", "{{kind}}")]),
             Panel("Clip fraction", [("ragr1_trainer_clip_fraction", "policy ratio clipped")], unit="percentunit"),
+            Panel("Policy ratio and approx KL (proximal vs current)",
+                  [("avg by (stat) (ragr1_trainer_policy_ratio)", "ratio {{stat}}"),
+                   ("ragr1_trainer_approx_kl", "approx KL")],
+                  description="Over the mini-batch steps of the last update; the clip acts outside [0.8, 1.2]."),
+            Panel("Learning rate by model", [("avg by (model) (ragr1_trainer_learning_rate)", "{{model}}")],
+                  description="Actor and critic, each with its own linear warm-up."),
+            Panel("Gradient norm by model (before clipping)",
+                  [("avg by (model) (ragr1_trainer_grad_norm)", "{{model}}")]),
             Panel("Training tokens per second", [("ragr1_trainer_tokens_per_second", "tokens/s")]),
             latency("Update time", "ragr1_trainer_update_seconds"),
             Panel("Policy version and updates",
                   [("ragr1_trainer_policy_version", "version checkpointed"),
                    ("max(ragr1_policy_weight_version)", "version served (newest replica)"),
                    ("min(ragr1_policy_weight_version)", "version served (oldest replica)")]),
+        ]),
+        ("Weight-sync check", [
+            Panel("Log-prob gap: trainer vs vLLM on rollouts of the trainer's version",
+                  [("avg by (stat) (ragr1_trainer_logprob_gap_nats)", "{{stat}}")],
+                  description="Mean and max |trainer - vLLM| log-prob per generated token (nats). The normal "
+                              "gap is bf16 rounding; a mean above logprob_gap_threshold means the policy serves "
+                              "other weights than the trainer holds."),
+            Panel("Weight-sync alarms", [("sum(ragr1_trainer_weight_sync_alarms_total)", "alarms since start")],
+                  description="Updates whose mean log-prob gap was above the threshold (probable weight-sync "
+                              "failure)."),
         ]),
         ("Staleness and queue", [
             Panel("Rollout staleness (policy versions behind)",

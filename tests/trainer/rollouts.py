@@ -12,7 +12,6 @@ from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.loop import LoopSettings, PPOLoop
-from ragr1.services.trainer.model import PolicyModel
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import common_pb2
@@ -27,13 +26,16 @@ def make_rollout(
     prompt_len: int = 12,
     generated: int = 6,
     inserted: int = 5,
+    temperature: float = 1.0,
+    group: str = "",
 ) -> common_pb2.Rollout:
     rng = random.Random(f"{rollout_id}:{seed}")
     response = [rng.randrange(100, 5000) for _ in range(2 * generated + inserted)]
     mask = [1] * generated + [0] * inserted + [1] * generated
     return common_pb2.Rollout(
         id=rollout_id,
-        task_id=f"task-{rollout_id}",
+        task_id=group or f"task-{rollout_id}",
+        group_id=group,
         prompt_token_ids=[rng.randrange(100, 5000) for _ in range(prompt_len)],
         response_token_ids=response,
         loss_mask=mask,
@@ -43,6 +45,7 @@ def make_rollout(
         question="q",
         golden_answers=["a"],
         mode=common_pb2.SEARCH_MODE_MULTI,
+        sampling=common_pb2.SamplingParams(temperature=temperature, top_p=1.0),
     )
 
 
@@ -52,16 +55,24 @@ def _tasks(n: int = 3) -> list[common_pb2.PromptTask]:
     ]
 
 
+def tiny_settings(**overrides: object) -> PPOSettings:
+    """Settings for the tiny model: fp32, full weights, small micro-batches, no warm-up."""
+    values: dict[str, object] = {
+        "bf16": False, "lora_rank": 0, "micro_batch_size": 2, "actor_warmup_ratio": 0.0, "critic_warmup_ratio": 0.0,
+    }
+    values.update(overrides)
+    return PPOSettings(**values)  # type: ignore[arg-type]
+
+
 def make_loop(redis_client: redis.Redis, model_dir: Path, out: Path, **overrides: int) -> PPOLoop:
     values = {"batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1}
     values.update(overrides)
     settings = LoopSettings(group="trainer", consumer="trainer-0", **values)
-    model = PolicyModel(model_dir, value_head=True, with_reference=True, bf16=False)
     return PPOLoop(
         settings,
         redis_client,
         _tasks(),
-        PPOUpdater(PPOSettings(micro_batch_size=2), model),
+        PPOUpdater.build(tiny_settings(mini_batch_size=2), model_dir),
         Checkpointer(out / "checkpoints", keep=10),
         StepLog(out / "steps.jsonl"),
     )

@@ -42,13 +42,18 @@ SAMPLES_PER_PROMPT = 4
 def test_group_relative_ppo_raises_the_reward_of_a_small_pretrained_model() -> None:
     torch.manual_seed(0)
     model = PolicyModel(prepare_policy_model(), lora_rank=16, bf16=True)
+    # The shipped update (4 clipped mini-batch steps per batch of 16, AdamW with weight decay), GRPO,
+    # with a learning rate and no warm-up that let 8 updates show the rise.
     settings = PPOSettings(
         actor_lr=5e-4,
+        actor_warmup_ratio=0.0,
+        max_updates=UPDATES,
         kl_coef=0.0,
         entropy_coef=0.0,
         advantage="grpo",
         micro_batch_size=PROMPTS_PER_UPDATE * SAMPLES_PER_PROMPT,
     )
+    assert settings.mini_batch_size == 4
     updater = PPOUpdater(settings, model)
     tokenizer = model.tokenizer
 

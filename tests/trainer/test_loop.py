@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -12,10 +13,14 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
+from prometheus_client import REGISTRY
 
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS
+from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer
-from ragr1.services.trainer.loop import check_rollout
+from ragr1.services.trainer.loop import check_rollout, to_sample
+from ragr1.services.trainer.model import collate
+from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import make_loop, make_rollout, produce
@@ -30,6 +35,10 @@ def test_check_rollout_names_the_problem() -> None:
     del short.loss_mask[-1]
     assert "lengths disagree" in (check_rollout(short, 0) or "")
     assert "from the future" in (check_rollout(make_rollout("r", version=3), 2) or "")
+    assert "sampled greedily (temperature 0)" in (check_rollout(make_rollout("r", temperature=0.0), 0) or "")
+    unknown = make_rollout("r")
+    unknown.ClearField("sampling")
+    assert "no sampling settings" in (check_rollout(unknown, 0) or "")
 
 
 def test_admission_control_keeps_the_staleness_window(
@@ -75,6 +84,105 @@ def test_bad_stale_and_duplicate_rollouts_are_handled_and_training_goes_on(
     assert sorted(ids) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)])
     assert loop.rollouts.pending() == 0
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # The policy serves the starting weights as version 1; S = 1, so version 0 is stale after one update.
+    loop = make_loop(
+        redis_client, tiny_model_dir, tmp_path, batch_size=4, max_updates=2, max_staleness=1, samples_per_prompt=2,
+        start_version=1,
+    )
+    produce(
+        redis_client,
+        [
+            make_rollout("a1", 1, group="A"), make_rollout("b1", 1, group="B"), make_rollout("a2", 1, group="A"),
+            # C has a member sampled greedily (dead-lettered): its other member is dropped, never trained.
+            make_rollout("c1", 1, group="C"), make_rollout("c2", 1, group="C", temperature=0.0),
+            make_rollout("d1", 1, group="D"), make_rollout("d2", 1, group="D"),
+        ],
+    )
+    loop.rollouts.ensure_group()
+    loop.prompts.ensure_group()
+    loop.collect()
+    first = loop.train_batch()  # version 2; B is still arriving and waits
+    assert sorted(first["rollout_ids"]) == ["a1", "a2", "d1", "d2"]
+    # B's second member arrives; E has one member two versions behind (S = 1): E is dropped whole.
+    produce(
+        redis_client,
+        [make_rollout("e1", 2, group="E"), make_rollout("b2", 2, group="B"),
+         make_rollout("e2", 0, group="E"), make_rollout("f1", 2, group="F"),
+         make_rollout("f2", 2, group="F")],
+    )
+    loop.run()
+    records = loop.steps.read()
+    assert [sorted(r["rollout_ids"]) for r in records] == [["a1", "a2", "d1", "d2"], ["b1", "b2", "f1", "f2"]]
+    assert loop.version == 3
+    assert loop.status.rollouts_dropped_stale == 2  # e1 (fresh) went with its stale group-mate e2
+    assert [d["id"] for d in loop.rollouts.dead_letters()] == ["c2"]
+    assert loop.rollouts.pending() == 0  # c1, e1 and e2 were settled without training
+
+
+def test_weight_sync_alarm_fires_when_the_behaviour_log_probs_are_not_the_trainers(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=2, max_staleness=1)
+    updater = loop.updater
+    assert isinstance(updater, PPOUpdater)
+
+    def matching(rollout_id: str, version: int) -> common_pb2.Rollout:
+        """A rollout whose behaviour log-probs are the trainer's own: what a synced policy records."""
+        rollout = make_rollout(rollout_id, version)
+        sample = to_sample(rollout)
+        batch = collate([sample.sequence], updater.actor.pad_id, [sample.temperature])
+        with torch.no_grad():
+            rollout.behaviour_logprobs[:] = updater.actor(batch).logprobs[0].tolist()
+        return rollout
+
+    produce(redis_client, [matching("ok1", 0), matching("ok2", 0)])
+    loop.rollouts.ensure_group()
+    loop.prompts.ensure_group()
+    loop.collect()
+    synced = loop.train_batch()
+    assert synced["logprob_gap"] < 1e-4 and synced["weight_sync_alarm"] is False
+    assert loop.status.weight_sync_alarms == 0
+    # At version 1 the policy recorded log-probs of other weights (make_rollout's are random); a
+    # rollout a version behind is not compared (the trainer no longer holds its weights).
+    alarms_before = REGISTRY.get_sample_value("ragr1_trainer_weight_sync_alarms_total") or 0.0
+    produce(redis_client, [make_rollout("bad", 1), matching("old", 0)])
+    with caplog.at_level(logging.ERROR, logger="ragr1.services.trainer.loop"):
+        loop.run()
+    wrong = loop.steps.read()[-1]
+    assert wrong["weight_sync_alarm"] is True and wrong["logprob_gap_rollouts"] == 1
+    assert wrong["logprob_gap"] > 1.0
+    assert loop.status.weight_sync_alarms == 1 and loop.status.last_logprob_gap == wrong["logprob_gap"]
+    assert REGISTRY.get_sample_value("ragr1_trainer_weight_sync_alarms_total") == alarms_before + 1
+    assert REGISTRY.get_sample_value("ragr1_trainer_logprob_gap_nats", {"stat": "mean"}) == wrong["logprob_gap"]
+    assert any("probable weight-sync failure" in r.getMessage() for r in caplog.records)
+
+
+def test_a_finished_run_removes_the_prompts_no_worker_has_taken(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=1, max_staleness=1)
+    workers: StreamQueue[common_pb2.PromptTask] = StreamQueue(
+        redis_client, PROMPTS, common_pb2.PromptTask, group="rollout-workers", consumer="w0"
+    )
+    workers.ensure_group()
+    loop.prompts.ensure_group()
+    assert loop.feed() == 4  # (S + 1) x batch
+    taken = workers.consume(1)  # a worker is busy with one prompt
+    produce(redis_client, [make_rollout("r0"), make_rollout("r1")])
+    loop.run()
+    assert loop.version == 1
+    # The prompt being worked on stays (its rollout may still come); the three untaken ones are gone.
+    left = [common_pb2.PromptTask.FromString(f[b"data"]).id for _, f in redis_client.xrange(PROMPTS)]
+    assert left == [taken[0].message.id]
+    assert workers.undelivered() == 0
+    assert workers.consume(10) == []
+    # Their rollouts are no longer counted as in flight: 4 admitted - 3 removed, 2 settled.
+    assert int(redis_client.hget(loop.counters, "admitted") or 0) == 1
 
 
 def _trainer_command(redis_url: str, model_dir: Path, out: Path, prompts: Path) -> list[str]:

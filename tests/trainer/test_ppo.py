@@ -45,6 +45,10 @@ def test_clipped_policy_loss_by_hand() -> None:
     expected = -(1.2 + math.exp(-0.5) - 1.6) / 3
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert stats["clip_fraction"].item() == pytest.approx(2 / 3)
+    # Ratio statistics over the unmasked tokens only (the masked ratio, e^3, is not among them).
+    assert stats["ratio_max"].item() == pytest.approx(math.exp(0.5), rel=1e-6)
+    assert stats["ratio_min"].item() == pytest.approx(math.exp(-0.5), rel=1e-6)
+    assert stats["ratio_mean"].item() == pytest.approx((math.exp(0.5) + 2 * math.exp(-0.5)) / 3, rel=1e-6)
 
 
 def test_decoupled_importance_weight_is_truncated() -> None:
@@ -68,14 +72,35 @@ def test_clipped_value_loss_by_hand() -> None:
 
 
 def test_kl_estimators() -> None:
-    logp = torch.tensor([-1.0, -2.0])
-    ref = torch.tensor([-1.5, -1.0])
-    assert ppo.kl_penalty(logp, ref, "k1").tolist() == pytest.approx([0.5, -1.0])
+    logp = torch.tensor([-1.0, -2.0, -20.0])
+    ref = torch.tensor([-1.5, -1.0, -1.0])
+    assert ppo.kl_penalty(logp, ref, "k1").tolist() == pytest.approx([0.5, -1.0, -19.0])
+    # k3 = exp(ref - logp) - (ref - logp) - 1, clamped at 10 as verl's low_var_kl.
     assert ppo.kl_penalty(logp, ref, "k3").tolist() == pytest.approx(
-        [math.exp(-0.5) - 1 + 0.5, math.exp(1.0) - 1 - 1.0]
+        [math.exp(-0.5) - 1 + 0.5, math.exp(1.0) - 1 - 1.0, 10.0]
     )
     with pytest.raises(ValueError, match="k2"):
         ppo.kl_penalty(logp, ref, "k2")  # type: ignore[arg-type]
+
+
+def test_k1_penalty_in_the_token_rewards_flows_through_gae_by_hand() -> None:
+    # RAG-R1: reward_t = score·[t last] - β·(old_t - ref_t) on generated tokens; token 2 is inserted.
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+    old = torch.tensor([[-1.0, -2.0, -7.0, -0.5]])
+    ref = torch.tensor([[-1.5, -1.0, -3.0, -0.25]])
+    kl = ppo.kl_penalty(old, ref, "k1") * mask
+    rewards = ppo.token_rewards(torch.tensor([1.0]), mask, kl, kl_coef=0.1)
+    assert rewards[0].tolist() == pytest.approx([-0.05, 0.1, 0.0, 1.025])
+    values = torch.tensor([[0.3, 0.2, 5.0, 0.1]])
+    adv, ret = ppo.gae(rewards, values, mask)
+    # γ = λ = 1: the return is the sum of the rewards still to come, the advantage that minus the value.
+    assert ret[0].tolist() == pytest.approx([1.075, 1.125, 0.0, 1.025])
+    assert adv[0].tolist() == pytest.approx([0.775, 0.925, 0.0, 0.925])
+
+
+def test_warmup_ramps_from_the_first_update_to_the_full_rate() -> None:
+    assert [ppo.warmup_factor(u, 4) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert ppo.warmup_factor(0, 0) == 1.0
 
 
 def test_grpo_advantages_are_group_relative() -> None:
@@ -88,7 +113,7 @@ def test_grpo_advantages_are_group_relative() -> None:
     assert scaled[0, 0].item() == pytest.approx(0.5 / math.sqrt(0.5), rel=1e-4)
 
 
-def test_gradients_on_masked_information_tokens_are_exactly_zero() -> None:
+def test_gradients_on_masked_information_tokens_are_exactly_zero_in_every_term() -> None:
     torch.manual_seed(0)
     batch, length, vocab = 2, 6, 11
     logits = torch.randn(batch, length, vocab, requires_grad=True)
@@ -99,31 +124,41 @@ def test_gradients_on_masked_information_tokens_are_exactly_zero() -> None:
         old = ppo.token_logprobs(logits, tokens) + 0.1 * torch.randn(batch, length)
         ref = old - 0.2
         behaviour = old + 0.3
-    adv, ret = ppo.gae(ppo.terminal_rewards(torch.tensor([1.0, -1.0]), mask), values.detach(), mask)
-    logprobs = ppo.token_logprobs(logits, tokens)
-    loss, stats = ppo.ppo_objective(
-        logprobs=logprobs,
-        entropy=ppo.entropy_from_logits(logits),
-        values=values,
-        old_logprobs=old,
-        old_values=values.detach() + 0.1,
-        ref_logprobs=ref,
-        behaviour_logprobs=behaviour,
-        advantages=adv,
-        returns=ret,
-        mask=mask,
-        clip=0.2,
-        value_clip=0.5,
-        entropy_coef=0.001,
-        kl_coef=0.001,
-        kl_kind="k3",
-        value_coef=1.0,
-        tis_cap=2.0,
-    )
-    loss.backward()
-    assert logits.grad is not None and values.grad is not None
-    masked = mask == 0
-    assert torch.count_nonzero(logits.grad[masked]) == 0
-    assert torch.count_nonzero(values.grad[masked]) == 0
-    assert torch.count_nonzero(logits.grad[~masked]) > 0
-    assert set(stats) >= {"policy_loss", "entropy", "kl", "value_loss", "clip_fraction"}
+    kl = ppo.kl_penalty(old, ref) * mask
+    rewards = ppo.token_rewards(torch.tensor([1.0, -1.0]), mask, kl, 0.001)
+    adv, ret = ppo.gae(rewards, values.detach(), mask)
+    temperature = torch.full((batch * length,), 0.7)
+    logprobs, entropy = ppo.tempered_logprobs_and_entropy(logits.flatten(0, 1), tokens.flatten(), temperature)
+    for kl_kind in ("k1", "k3"):
+        logits.grad = values.grad = None
+        actor, stats = ppo.actor_loss(
+            logprobs=logprobs.view(batch, length),
+            entropy=entropy.view(batch, length),
+            old_logprobs=old,
+            behaviour_logprobs=behaviour,
+            advantages=adv,
+            mask=mask,
+            clip=0.2,
+            entropy_coef=0.001,
+            tis_cap=2.0,
+            ref_logprobs=ref,
+            kl_coef=0.001,
+            kl_kind=kl_kind,  # type: ignore[arg-type]
+        )
+        critic, vstats = ppo.value_loss(values, values.detach() + 0.1, ret, mask, clip=0.5)
+        (actor + critic).backward(retain_graph=True)
+        assert logits.grad is not None and values.grad is not None
+        masked = mask == 0
+        assert torch.count_nonzero(logits.grad[masked]) == 0
+        assert torch.count_nonzero(values.grad[masked]) == 0
+        assert torch.count_nonzero(logits.grad[~masked]) > 0
+        assert set(stats) >= {"policy_loss", "entropy", "kl_loss", "clip_fraction", "ratio_min", "ratio_max"}
+        assert "value_loss" in vstats
+
+
+def test_tempered_log_probs_are_those_of_the_scaled_distribution() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    lp, entropy = ppo.tempered_logprobs_and_entropy(logits, torch.tensor([0]), torch.tensor([0.5]))
+    scaled = torch.softmax(logits / 0.5, dim=-1)[0]
+    assert lp.item() == pytest.approx(math.log(scaled[0].item()), rel=1e-6)
+    assert entropy.item() == pytest.approx(-(scaled * scaled.log()).sum().item(), rel=1e-6)

@@ -11,6 +11,9 @@ from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
 
+# The KL estimators ppo.kl_penalty implements (this module stays free of torch: the CLI imports it).
+KL_KINDS = ("k1", "k3")
+
 
 @dataclasses.dataclass
 class ModelSettings:
@@ -50,20 +53,78 @@ class SFTConfig(ModelSettings):
 class PPOSettings(ModelSettings):
     """The update itself (what a Ray worker needs, too)."""
 
+    # RAG-R1 fine-tunes every weight on GPUs; on CPUs LoRA is what fits (README, trainer memory).
+    lora_rank: int = setting(16, "LoRA rank of the actor and of the critic's own adapter; 0 trains every weight")
     actor_lr: float = setting(1e-6, "actor learning rate")
-    critic_lr: float = setting(1e-5, "value head learning rate")
-    kl_coef: float = setting(0.001, "KL-to-reference loss coefficient; 0 skips the reference pass")
-    kl_kind: str = setting("k3", "KL estimator: k1 or k3 (low variance, >= 0)")
+    critic_lr: float = setting(1e-5, "critic learning rate")
+    actor_warmup_ratio: float = setting(
+        0.285, "share of max_updates over which the actor's learning rate ramps up linearly (0 = none)"
+    )
+    critic_warmup_ratio: float = setting(0.015, "the same for the critic")
+    weight_decay: float = setting(0.01, "AdamW weight decay of the actor")
+    critic_weight_decay: float = setting(0.01, "AdamW weight decay of the critic")
+    critic_max_grad_norm: float = setting(1.0, "gradient clipping of the critic by global norm")
+    max_updates: int = setting(10, "stop after this many updates (0 = run until stopped, and no warm-up)")
+    mini_batch_size: int = setting(4, "rollouts per optimiser step; batch_size / mini_batch_size steps per update")
+    ppo_epochs: int = setting(1, "passes over each batch (each pass takes one step per mini-batch)")
+    shuffle_mini_batches: bool = setting(False, "shuffle the rollouts before splitting them into mini-batches")
+    micro_batch_tokens: int = setting(
+        4096, "most tokens (rows x longest row) per forward/backward; 0 = micro_batch_size alone decides"
+    )
+    logit_chunk_tokens: int = setting(
+        1024, "positions per chunk of the vocabulary projection (its [positions x vocab] tensors are the bulk)"
+    )
+    gradient_checkpointing: bool = setting(
+        True, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute)"
+    )
+    kl_coef: float = setting(0.001, "KL-to-reference coefficient; 0 skips the reference pass")
+    kl_penalty: str = setting(
+        "reward", "where the KL goes: reward (subtracted from the token rewards, RAG-R1's) or loss"
+    )
+    kl_kind: str = setting("k1", "KL estimator: k1 (RAG-R1's) or k3 (low variance, >= 0)")
     clip: float = setting(0.2, "policy ratio clip")
     value_clip: float = setting(0.5, "value clip around the old values")
     entropy_coef: float = setting(0.001, "entropy bonus coefficient")
-    value_coef: float = setting(1.0, "value loss weight in the shared-trunk loss")
     gamma: float = setting(1.0, "discount")
     lam: float = setting(1.0, "GAE lambda")
     advantage: str = setting("gae", "gae (critic) or grpo (group-relative, no critic)")
     whiten_advantages: bool = setting(True, "normalise GAE advantages over the batch")
     tis_cap: float = setting(2.0, "truncation of the behaviour importance weight (decoupled PPO)")
-    ppo_epochs: int = setting(1, "optimiser passes over each batch")
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.advantage == "gae"
+
+    def warmup_updates(self, ratio: float) -> int:
+        """Warm-up length in updates (verl's int(ratio × total steps)); none when the run is unbounded."""
+        return int(ratio * self.max_updates) if self.max_updates > 0 else 0
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first setting out of range, before anything is built."""
+        for name, choices in (
+            ("advantage", ("gae", "grpo")),
+            ("kl_penalty", ("reward", "loss")),
+            ("kl_kind", KL_KINDS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
+        for name, low in (
+            ("micro_batch_size", 1),
+            ("mini_batch_size", 1),
+            ("ppo_epochs", 1),
+            ("logit_chunk_tokens", 1),
+            ("micro_batch_tokens", 0),
+            ("lora_rank", 0),
+            ("max_updates", 0),
+        ):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        for name in ("actor_warmup_ratio", "critic_warmup_ratio"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+        for name in ("actor_lr", "critic_lr", "clip", "value_clip", "tis_cap"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass
@@ -75,10 +136,11 @@ class PPOConfig(PPOSettings, ServerConfig):
     prompts_file: str = setting("", "QA JSONL or Search-R1 parquet of prompts; empty = train/hotpotqa")
     prompt_limit: int = setting(0, "use only the first N prompts; 0 = all")
     mode: str = setting("multi", "search mode of the prompts: single or multi")
-    samples_per_prompt: int = setting(1, "rollouts per prompt (use > 1 with advantage=grpo)")
+    samples_per_prompt: int = setting(
+        1, "rollouts per prompt, trained together in one batch (at least 2 with advantage=grpo)"
+    )
     batch_size: int = setting(16, "rollouts per update")
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
-    max_updates: int = setting(10, "stop after this many updates (0 = run until stopped)")
     start_version: int = setting(0, "version the policy serves the starting weights as (1 after a pushed SFT)")
     poll_ms: int = setting(1000, "longest wait for rollouts per read")
     policy_replicas: list[str] = setting(
@@ -89,3 +151,32 @@ class PPOConfig(PPOSettings, ServerConfig):
         3, "stop with an error once a policy replica has refused this many weight versions in a row"
     )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
+    # Measured with the real engine (tests/trainer/test_engine_sync.py): SmolLM2, trainer bf16 autocast
+    # against vLLM fp32, the normal mean gap is 0.02-0.03 nats per generated token; 0.1 is 3-4x above it.
+    logprob_gap_threshold: float = setting(
+        0.1,
+        "weight-sync alarm: mean |trainer - vLLM| log-prob per generated token (nats) of the rollouts "
+        "sampled at the trainer's version above which the policy probably serves other weights",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for name, low in (("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        if self.batch_size % self.mini_batch_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"
+            )
+        if self.batch_size % self.samples_per_prompt:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of samples_per_prompt "
+                f"({self.samples_per_prompt}): a batch holds whole groups of samples of one prompt"
+            )
+        if self.advantage == "grpo" and self.samples_per_prompt < 2:
+            raise ValueError(
+                f"advantage=grpo needs samples_per_prompt of at least 2 (got {self.samples_per_prompt}): "
+                "a group of one has no relative advantage"
+            )
+        if self.logprob_gap_threshold <= 0:
+            raise ValueError(f"logprob_gap_threshold must be positive, got {self.logprob_gap_threshold}")

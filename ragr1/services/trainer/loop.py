@@ -11,8 +11,16 @@ Guarantees, and how:
   crash the restarted trainer (same consumer name) loads the latest checkpoint, re-reads its pending
   entries, acknowledges the ones the checkpoint already lists, and trains the rest. Duplicates by
   rollout id (a producer that retried) are acknowledged without training.
-- **Bad rollouts do not stop training.** Length disagreements and versions from the future are
-  dead-lettered with the reason by the queue's ``validate`` hook.
+- **Bad rollouts do not stop training.** Length disagreements, versions from the future and greedy
+  rollouts (no behaviour distribution) are dead-lettered with the reason by the queue's ``validate`` hook.
+- **Whole groups.** With ``samples_per_prompt > 1`` a batch holds only complete groups (the samples of
+  one prompt, which GRPO compares with each other): a group still arriving waits, and a group with a
+  stale or dead-lettered member is dropped whole.
+- **Weight-sync check.** For the rollouts sampled at the trainer's own version, the trainer's
+  log-probs must equal the ones vLLM recorded; a gap above ``logprob_gap_threshold`` is reported as a
+  probable weight-sync failure (the policy serves other weights than the trainer holds).
+- **An idle policy after a finite run.** Reaching ``max_updates``, the loop deletes the prompts it
+  admitted that no rollout worker has taken, so that the workers stop when their current work ends.
 
 The admission counters live in Redis (``ragr1:trainer:<group>``) and move in the same transactions as
 the stream writes and acknowledgements they count.
@@ -49,6 +57,9 @@ CURVES = (
     "kl",
     "entropy",
     "clip_fraction",
+    "approx_kl",
+    "logprob_gap",
+    "actor_lr",
     "tokens_per_second",
     "staleness_mean",
     "queue_seconds",
@@ -80,6 +91,8 @@ class LoopSettings:
     consumer: str
     # The version the policy serves the starting weights as (e.g. 1 after an SFT stage was pushed).
     start_version: int = 0
+    # Mean |trainer - behaviour| log-prob per generated token (nats) above which the weights differ.
+    logprob_gap_threshold: float = 0.1
 
 
 @dataclasses.dataclass
@@ -93,6 +106,8 @@ class Status:
     rollouts_dropped_stale: int = 0
     last_mean_reward: float = 0.0
     checkpoint_path: str = ""
+    last_logprob_gap: float = 0.0
+    weight_sync_alarms: int = 0
 
 
 def check_rollout(rollout: common_pb2.Rollout, current_version: int) -> str | None:
@@ -107,10 +122,18 @@ def check_rollout(rollout: common_pb2.Rollout, current_version: int) -> str | No
         )
     if rollout.policy_version > current_version:
         return f"policy_version {rollout.policy_version} is from the future (trainer is at {current_version})"
+    if not rollout.HasField("sampling"):
+        return "rollout has no sampling settings (Rollout.sampling): the distribution it came from is unknown"
+    if rollout.sampling.temperature <= 0:
+        return (
+            f"sampled greedily (temperature {rollout.sampling.temperature:g}): "
+            "no behaviour distribution to train on"
+        )
     return None
 
 
-def to_sample(rollout: common_pb2.Rollout) -> Sample:
+def to_sample(rollout: common_pb2.Rollout, check_sync: bool = False) -> Sample:
+    """``check_sync``: the trainer holds the weights that sampled it (see ``Sample.check_sync``)."""
     return Sample(
         id=rollout.id,
         sequence=TokenSequence(
@@ -121,11 +144,43 @@ def to_sample(rollout: common_pb2.Rollout) -> Sample:
         score=rollout.reward.total,
         group_id=rollout.group_id or rollout.task_id,
         behaviour_logprobs=list(rollout.behaviour_logprobs),
+        temperature=rollout.sampling.temperature,
+        check_sync=check_sync,
     )
 
 
 def _entry_seconds(entry_id: str) -> float:
     return int(entry_id.split("-", 1)[0]) / 1000.0
+
+
+_DROPPED_MEMORY = 10_000
+
+# Deletes the prompts no consumer group other than the trainer's own has read (their ids are above
+# every other group's last-delivered id) and takes their rollouts out of the admission count, in one
+# step, so that a worker cannot take an entry between the check and the delete.
+# KEYS: prompts stream, counters hash. ARGV: the trainer's group, rollouts per prompt.
+_DROP_UNTAKEN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local last, last_ms, last_seq = '0-0', 0, 0
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #group, 2 do info[group[i]] = group[i + 1] end
+  if info['name'] ~= ARGV[1] then
+    local ms, seq = parse(info['last-delivered-id'])
+    if ms > last_ms or (ms == last_ms and seq > last_seq) then
+      last, last_ms, last_seq = info['last-delivered-id'], ms, seq
+    end
+  end
+end
+local entries = redis.call('XRANGE', KEYS[1], '(' .. last, '+')
+for _, entry in ipairs(entries) do redis.call('XDEL', KEYS[1], entry[1]) end
+if #entries > 0 then redis.call('HINCRBY', KEYS[2], 'admitted', -#entries * tonumber(ARGV[2])) end
+return #entries
+"""
 
 
 class PPOLoop:
@@ -164,10 +219,13 @@ class PPOLoop:
             common_pb2.Rollout,
             group=settings.group,
             consumer=settings.consumer,
-            validate=lambda r: check_rollout(r, self.version),
+            validate=self._validate,
         )
         self.counters = f"ragr1:trainer:{settings.group}"
         self._buffer: list[Delivery[Any]] = []
+        # Groups dropped whole, by reason ("stale", "incomplete"): their later members are dropped too.
+        self._dropped: dict[str, str] = {}
+        self._warned_top_p = False
         self._queue_seconds = 0.0
 
     # -- state ----------------------------------------------------------------------------------
@@ -234,18 +292,35 @@ class PPOLoop:
             deliveries, also=(lambda pipe: pipe.hincrby(self.counters, "settled", n)) if count else None
         )
 
+    def _group(self, rollout: common_pb2.Rollout) -> str:
+        if self.settings.samples_per_prompt <= 1:
+            return str(rollout.id)
+        return str(rollout.group_id or rollout.task_id)
+
+    def _validate(self, rollout: common_pb2.Rollout) -> str | None:
+        reason = check_rollout(rollout, self.version)
+        if reason is not None:
+            # Its group can never be complete: the members already here or still coming are dropped.
+            self._dropped.setdefault(self._group(rollout), "incomplete")
+        elif 0 < rollout.sampling.top_p < 1 and not self._warned_top_p:
+            self._warned_top_p = True
+            log.warning(
+                "rollouts sampled with top_p %g: the trainer's log-probs cover the whole vocabulary, so the "
+                "importance weights are approximate (sample with top_p 1 for exact ones)",
+                rollout.sampling.top_p,
+            )
+        return reason
+
     def _admit(self, deliveries: Sequence[Delivery[Any]]) -> None:
-        """Sorts fresh deliveries into the buffer; settles what was trained already or is too stale."""
+        """Sorts fresh deliveries into the buffer; settles what was trained already, then drops groups."""
         buffered = {d.message.id for d in self._buffer}
-        trained_before, stale, duplicates = [], [], []
+        trained_before, duplicates = [], []
         for d in deliveries:
             rollout = d.message
             if rollout.id in self.trained:
                 trained_before.append(d)
             elif rollout.id in buffered:
                 duplicates.append(d)
-            elif self.version - rollout.policy_version > self.settings.max_staleness:
-                stale.append(d)
             else:
                 self._buffer.append(d)
                 buffered.add(rollout.id)
@@ -256,33 +331,82 @@ class PPOLoop:
         if duplicates:
             self._settle(duplicates, count=False)
             metrics.ROLLOUTS.labels("duplicate").inc(len(duplicates))
-        if stale:
-            self._settle(stale)
-            metrics.ROLLOUTS.labels("stale").inc(len(stale))
-            self.status.rollouts_dropped_stale += len(stale)
-            log.info("dropped %d rollouts staler than %d versions", len(stale), self.settings.max_staleness)
+        self._drop_groups()
+
+    def _drop_groups(self) -> None:
+        """Settles, without training, every buffered group that has a member staler than
+        ``max_staleness`` versions or a member that was dead-lettered."""
+        for d in self._buffer:
+            if self.version - d.message.policy_version > self.settings.max_staleness:
+                self._dropped.setdefault(self._group(d.message), "stale")
+        keep: list[Delivery[Any]] = []
+        dropped: dict[str, list[Delivery[Any]]] = {"stale": [], "incomplete": []}
+        for d in self._buffer:
+            reason = self._dropped.get(self._group(d.message))
+            (keep if reason is None else dropped[reason]).append(d)
+        self._buffer = keep
+        if len(self._dropped) > _DROPPED_MEMORY:
+            # Members of a group arrive close together; forget the oldest half.
+            self._dropped = dict(list(self._dropped.items())[_DROPPED_MEMORY // 2 :])
+        for reason, deliveries in dropped.items():
+            if not deliveries:
+                continue
+            self._settle(deliveries)
+            metrics.ROLLOUTS.labels("stale" if reason == "stale" else "incomplete_group").inc(len(deliveries))
+            if reason == "stale":
+                self.status.rollouts_dropped_stale += len(deliveries)
+            log.info("dropped %d rollouts (%s groups)", len(deliveries), reason)
+
+    def _complete_groups(self) -> list[list[Delivery[Any]]]:
+        """Buffered groups that have all their samples, oldest first."""
+        size = max(1, self.settings.samples_per_prompt)
+        groups: dict[str, list[Delivery[Any]]] = {}
+        for d in self._buffer:
+            groups.setdefault(self._group(d.message), []).append(d)
+        return [members[:size] for members in groups.values() if len(members) >= size]
+
+    def _ready(self) -> int:
+        return sum(len(g) for g in self._complete_groups())
 
     def collect(self) -> None:
-        """Feeds prompts and reads rollouts until a batch is buffered (or a stop is asked for)."""
+        """Feeds prompts and reads rollouts until a batch of whole groups is buffered (or a stop is asked for)."""
         s = self.settings
-        while len(self._buffer) < s.batch_size and not self.stop_event.is_set():
+        self._drop_groups()
+        while self._ready() < s.batch_size and not self.stop_event.is_set():
             start = time.perf_counter()
             self.feed()
-            fresh = self.rollouts.consume(s.batch_size - len(self._buffer), block_ms=s.poll_ms)
+            wanted = max(s.samples_per_prompt, s.batch_size - self._ready())
+            fresh = self.rollouts.consume(wanted, block_ms=s.poll_ms)
             self._admit(fresh)
             self._queue_seconds += time.perf_counter() - start
             metrics.QUEUE_DEPTH.labels(PROMPTS).set(self.prompts.depth())
             metrics.QUEUE_DEPTH.labels(ROLLOUTS).set(self.rollouts.pending())
 
+    def _take_batch(self) -> list[Delivery[Any]]:
+        batch = [d for group in self._complete_groups() for d in group][: self.settings.batch_size]
+        taken = {id(d) for d in batch}
+        self._buffer = [d for d in self._buffer if id(d) not in taken]
+        return batch
+
+    def drop_untaken_prompts(self) -> int:
+        """Deletes the admitted prompts no rollout worker has taken yet; returns how many."""
+        script = self.redis.register_script(_DROP_UNTAKEN)
+        count = int(
+            script(keys=[PROMPTS, self.counters], args=[self.settings.group, max(1, self.settings.samples_per_prompt)])
+        )
+        if count:
+            log.info("training is done: removed %d prompts no rollout worker had taken", count)
+        return count
+
     # -- one update -----------------------------------------------------------------------------
     def train_batch(self) -> dict[str, Any]:
-        s = self.settings
-        batch, self._buffer = self._buffer[: s.batch_size], self._buffer[s.batch_size :]
+        batch = self._take_batch()
         rollouts = [d.message for d in batch]
         staleness = [self.version - r.policy_version for r in rollouts]
         for lag in staleness:
             metrics.STALENESS.observe(lag)
-        stats = self.updater.update([to_sample(r) for r in rollouts])
+        stats = self.updater.update([to_sample(r, check_sync=r.policy_version == self.version) for r in rollouts])
+        alarm = self._check_sync(stats)
         ids = [r.id for r in rollouts]
         new_version = self.version + 1
         meta = {
@@ -314,12 +438,38 @@ class PPOLoop:
                 / max(1e-9, self._queue_seconds + stats.get("update_seconds", 0.0)),
                 "checkpoint": str(path),
                 "published": published,
+                "weight_sync_alarm": alarm,
             }
         )
         self._queue_seconds = 0.0
         self.steps.write(record)
         self._observe(record, path)
         return record
+
+    def _check_sync(self, stats: dict[str, float]) -> bool:
+        """True (and an error in the log) when the trainer's log-probs of the rollouts its own weights
+        sampled are too far from the ones vLLM recorded."""
+        gap = stats.get("logprob_gap")
+        if gap is None:
+            return False
+        metrics.LOGPROB_GAP.labels("mean").set(gap)
+        metrics.LOGPROB_GAP.labels("max").set(stats.get("logprob_gap_max", gap))
+        self.status.last_logprob_gap = gap
+        if gap <= self.settings.logprob_gap_threshold:
+            return False
+        metrics.WEIGHT_SYNC_ALARMS.inc()
+        self.status.weight_sync_alarms += 1
+        log.error(
+            "probable weight-sync failure (stale or wrong weights in the policy): at version %d the "
+            "trainer's log-probs differ from vLLM's by %.3f nats per generated token (max %.3f) over %d "
+            "rollouts, above logprob_gap_threshold %.3f",
+            self.version,
+            gap,
+            stats.get("logprob_gap_max", gap),
+            int(stats.get("logprob_gap_rollouts", 0)),
+            self.settings.logprob_gap_threshold,
+        )
+        return True
 
     def _observe(self, record: dict[str, Any], path: Path) -> None:
         metrics.UPDATES.inc()
@@ -332,6 +482,14 @@ class PPOLoop:
         metrics.KL.set(record.get("kl", 0.0))
         metrics.ENTROPY.set(record.get("entropy", 0.0))
         metrics.CLIP_FRACTION.set(record.get("clip_fraction", 0.0))
+        metrics.APPROX_KL.set(record.get("approx_kl", 0.0))
+        for stat in ("mean", "min", "max"):
+            if f"ratio_{stat}" in record:
+                metrics.RATIO.labels(stat).set(record[f"ratio_{stat}"])
+        for model in ("actor", "critic"):
+            if f"{model}_lr" in record:
+                metrics.LEARNING_RATE.labels(model).set(record[f"{model}_lr"])
+                metrics.GRAD_NORM.labels(model).set(record[f"{model}_grad_norm"])
         metrics.TOKENS_PER_SECOND.set(record.get("tokens_per_second", 0.0))
         metrics.UPDATE_SECONDS.observe(record.get("update_seconds", 0.0))
         metrics.QUEUE_SECONDS.observe(record["queue_seconds"])
@@ -355,14 +513,18 @@ class PPOLoop:
         limit = self.settings.start_version + updates
         while not self.stop_event.is_set() and (updates <= 0 or self.version < limit):
             self.collect()
-            if len(self._buffer) >= self.settings.batch_size:
+            if self._ready() >= self.settings.batch_size:
                 record = self.train_batch()
                 log.info(
-                    "update %d: reward %.3f, %.0f tokens/s",
+                    "update %d: reward %.3f, clip fraction %.3f, log-prob gap %s, %.0f tokens/s",
                     record["version"],
                     record["reward_total"],
+                    record.get("clip_fraction", 0.0),
+                    f"{record['logprob_gap']:.4f}" if "logprob_gap" in record else "n/a",
                     record.get("tokens_per_second", 0.0),
                 )
+        if updates > 0 and self.version >= limit:
+            self.drop_untaken_prompts()
         self.status.stage = "done"
         self.steps.plot(self.steps.path.with_name("curves.png"), CURVES)
         return self.version

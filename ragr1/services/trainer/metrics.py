@@ -28,7 +28,32 @@ REWARD = Gauge("ragr1_trainer_reward", "Mean reward part of the last update's ba
 LOSS = Gauge("ragr1_trainer_loss", "Loss of the last update, by kind (policy, value).", ["kind"])
 KL = Gauge("ragr1_trainer_kl", "Mean KL to the reference policy in the last update.")
 ENTROPY = Gauge("ragr1_trainer_entropy_nats", "Mean policy entropy on generated tokens in the last update.")
-CLIP_FRACTION = Gauge("ragr1_trainer_clip_fraction", "Share of tokens whose ratio was clipped.")
+CLIP_FRACTION = Gauge(
+    "ragr1_trainer_clip_fraction", "Share of generated tokens whose policy ratio was clipped in the last update."
+)
+APPROX_KL = Gauge(
+    "ragr1_trainer_approx_kl",
+    "Mean k1 between the proximal policy (before the update) and the policy being stepped, last update.",
+)
+RATIO = Gauge(
+    "ragr1_trainer_policy_ratio",
+    "Policy ratio pi/pi_proximal over the generated tokens of the last update, by stat (mean, min, max).",
+    ["stat"],
+)
+LEARNING_RATE = Gauge("ragr1_trainer_learning_rate", "Learning rate of the last update, by model.", ["model"])
+GRAD_NORM = Gauge(
+    "ragr1_trainer_grad_norm", "Mean global gradient norm (before clipping) of the last update, by model.", ["model"]
+)
+LOGPROB_GAP = Gauge(
+    "ragr1_trainer_logprob_gap_nats",
+    "Weight-sync check: |trainer - vLLM| log-prob per generated token of the rollouts sampled at the "
+    "trainer's version, last update where there were any, by stat (mean, max).",
+    ["stat"],
+)
+WEIGHT_SYNC_ALARMS = Counter(
+    "ragr1_trainer_weight_sync_alarms_total",
+    "Updates whose mean log-prob gap was above the threshold: probable weight-sync failures.",
+)
 TOKENS_PER_SECOND = Gauge("ragr1_trainer_tokens_per_second", "Training throughput of the last update.")
 UPDATE_SECONDS = Histogram(
     "ragr1_trainer_update_seconds",

@@ -1,12 +1,18 @@
-"""The trained model: a causal LM with an optional value head on the same trunk, optionally LoRA.
+"""The trained networks: the actor (a causal LM, optionally LoRA, with its frozen reference) and the critic
+(a value model with its own trunk), as verl builds them.
 
-The value head shares the actor's transformer (one forward gives both log-probs and values), which
-halves the cost of a PPO step against a separate critic. With LoRA the frozen reference policy is the
-same network with the adapters switched off, so it costs no extra memory. The vocabulary projection
-runs only on response positions, which for RL prompts is most of the saving of a short response.
+The critic starts from the same checkpoint as the actor but shares no trainable weight with it, so a
+value-loss gradient can never move the policy. With LoRA the two trunks share the frozen base weights
+(one copy in memory) and each trains its own adapter; the reference policy is the actor with its
+adapter switched off. Full fine-tuning gives the critic and the reference their own copies.
+
+Memory (the [positions × vocabulary] float32 tensors dominate a long rollout's update): the
+vocabulary projection runs only on generated positions (inserted ``<information>`` tokens are never
+scored), in chunks of ``logit_chunk_tokens`` positions under activation checkpointing, so one chunk's
+logits exist at a time in the forward and the backward; the trunk can checkpoint its layers too.
 
 ``save_policy`` writes a plain Hugging Face checkpoint of the served architecture (LoRA merged) that
-the policy service can load; ``trainer_state`` holds what only the trainer needs to resume.
+the policy service can load; ``trainable_state`` holds what only the trainer needs to resume.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ragr1.services.trainer import ppo
 from ragr1.services.trainer.data import TokenSequence
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclasses.dataclass
@@ -34,16 +43,29 @@ class Batch:
     positions: torch.Tensor  # [B, R]: index of the logit that predicts response token j
     response_ids: torch.Tensor  # [B, R]
     mask: torch.Tensor  # [B, R] float: loss mask, 0 on padding
+    temperature: torch.Tensor  # [B]: the temperature each row was sampled at
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def select(self, index: Sequence[int]) -> Batch:
+        """The rows ``index``, without the input padding none of them uses (the trunk's cost is
+        rows × width; the response columns cost nothing, only generated positions are scored)."""
         rows = torch.as_tensor(list(index), dtype=torch.long)
-        return Batch(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+        width = int(self.attention_mask[rows].sum(dim=1).max())
+        return Batch(
+            self.input_ids[rows, :width],
+            self.attention_mask[rows, :width],
+            self.positions[rows],
+            self.response_ids[rows],
+            self.mask[rows],
+            self.temperature[rows],
+        )
 
 
-def collate(sequences: Sequence[TokenSequence], pad_id: int) -> Batch:
+def collate(
+    sequences: Sequence[TokenSequence], pad_id: int, temperatures: Sequence[float] | None = None
+) -> Batch:
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in sequences]
     width, rwidth = max(lengths), max(len(s.response_ids) for s in sequences)
     batch = len(sequences)
@@ -53,6 +75,8 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int) -> Batch:
     response = torch.full((batch, rwidth), pad_id, dtype=torch.long)
     mask = torch.zeros((batch, rwidth), dtype=torch.float32)
     for i, s in enumerate(sequences):
+        if not s.prompt_ids:
+            raise ValueError("a sequence needs at least one prompt token to predict its response from")
         ids = s.prompt_ids + s.response_ids
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention[i, : len(ids)] = 1
@@ -60,26 +84,76 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int) -> Batch:
         positions[i, :r] = torch.arange(len(s.prompt_ids) - 1, len(ids) - 1)
         response[i, :r] = torch.tensor(s.response_ids)
         mask[i, :r] = torch.tensor(s.loss_mask, dtype=torch.float32)
-    return Batch(input_ids, attention, positions, response, mask)
+    temps = torch.ones(batch) if temperatures is None else torch.tensor(list(temperatures), dtype=torch.float32)
+    return Batch(input_ids, attention, positions, response, mask, temps)
+
+
+def micro_batches(batch: Batch, rows: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """``rows`` in micro-batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens (0 = no
+    token cap; a row longer than the cap goes alone), longest rows first so that rows of similar
+    length share their padding."""
+    lengths = batch.attention_mask.sum(dim=1)
+    ordered = sorted(rows, key=lambda r: -int(lengths[r]))
+    out: list[list[int]] = []
+    for row in ordered:
+        current = out[-1] if out else None
+        # Sorted longest first: the micro-batch's width is its first row's length.
+        if (
+            current is not None
+            and len(current) < max_rows
+            and (max_tokens <= 0 or (len(current) + 1) * int(lengths[current[0]]) <= max_tokens)
+        ):
+            current.append(row)
+        else:
+            out.append([row])
+    return out
+
+
+def _generated(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, response column) of every generated token: the only positions ever scored."""
+    rows, cols = torch.nonzero(batch.mask > 0, as_tuple=True)
+    return rows, cols
+
+
+def _scatter(values: torch.Tensor, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(batch.mask.shape, dtype=values.dtype)
+    return out.index_put((rows, cols), values)
+
+
+def _hidden_at(trunk: Any, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The trunk's last hidden state at the positions that predict the generated tokens: ``[N, H]``."""
+    hidden = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)[0]
+    return hidden[rows, batch.positions[rows, cols]]
+
+
+def autocast(bf16: bool) -> contextlib.AbstractContextManager[Any]:
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def _enable_gradient_checkpointing(network: Any) -> None:
+    # Non-reentrant: works with frozen embeddings (LoRA) and keeps autocast in the recomputation.
+    network.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @dataclasses.dataclass
 class Outputs:
-    logprobs: torch.Tensor  # [B, R]
-    entropy: torch.Tensor  # [B, R]
-    values: torch.Tensor | None  # [B, R]
+    logprobs: torch.Tensor  # [B, R], 0 where the mask is 0
+    entropy: torch.Tensor  # [B, R], 0 where the mask is 0
 
 
 class PolicyModel(nn.Module):
+    """The actor: log-probs and entropy of generated tokens at each row's sampling temperature."""
+
     def __init__(
         self,
         model_dir: Path,
         *,
         lora_rank: int = 0,
         lora_alpha: int = 32,
-        value_head: bool = False,
         with_reference: bool = False,
         bf16: bool = True,
+        gradient_checkpointing: bool = False,
+        logit_chunk_tokens: int = 1024,
     ) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -89,90 +163,111 @@ class PolicyModel(nn.Module):
         base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.bf16 = bf16
         self.lora = lora_rank > 0
+        self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
+        self.logit_chunk_tokens = logit_chunk_tokens
+        self.gradient_checkpointing = gradient_checkpointing
         self.reference: nn.Module | None = None
         if with_reference and not self.lora:
             # Full fine-tuning needs its own frozen copy; LoRA gets the reference by disabling adapters.
             self.reference = copy.deepcopy(base).eval().requires_grad_(False)
+        if gradient_checkpointing:
+            _enable_gradient_checkpointing(base)
         if self.lora:
-            from peft import LoraConfig, get_peft_model
+            from peft import get_peft_model
 
-            config = LoraConfig(
-                r=lora_rank,
-                lora_alpha=lora_alpha,
-                lora_dropout=0.0,
-                bias="none",
-                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-            )
-            self.lm: nn.Module = get_peft_model(base, config)
+            self.lm: nn.Module = get_peft_model(base, self.lora_config())
         else:
             self.lm = base
-        hidden = base.config.hidden_size
-        self.value_head = nn.Linear(hidden, 1) if value_head else None
-        if self.value_head is not None:
-            nn.init.zeros_(self.value_head.weight)
-            nn.init.zeros_(self.value_head.bias)
+
+    def lora_config(self) -> Any:
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_rank, lora_alpha=self.lora_alpha, lora_dropout=0.0, bias="none", target_modules=LORA_TARGETS
+        )
 
     @property
     def pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
-    def _base(self) -> Any:
+    def base(self) -> Any:
+        """The causal LM (LoRA layers injected when LoRA is on)."""
         return self.lm.get_base_model() if self.lora else self.lm  # type: ignore[operator]
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.lm.parameters() if p.requires_grad]
 
-    def critic_parameters(self) -> list[nn.Parameter]:
-        return list(self.value_head.parameters()) if self.value_head is not None else []
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return autocast(self.bf16)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+    def _run(self, network: Any, batch: Batch) -> Outputs:
+        rows, cols = _generated(batch)
+        head = network.get_output_embeddings()
+        targets = batch.response_ids[rows, cols]
+        temperature = batch.temperature[rows]
+        logprobs, entropy = [], []
+        with self.autocast():
+            hidden = _hidden_at(network.get_decoder(), batch, rows, cols)
 
-    def _run(self, network: Any, batch: Batch, with_values: bool) -> Outputs:
-        with self._autocast():
-            hidden = network.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
-            index = batch.positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-            selected = hidden.gather(1, index)
-            logits = network.get_output_embeddings()(selected)
-            values = None
-            if with_values and self.value_head is not None:
-                values = self.value_head(selected.float()).squeeze(-1)
+            def score(h: torch.Tensor, t: torch.Tensor, temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return ppo.tempered_logprobs_and_entropy(head(h), t, temp)
+
+            for start in range(0, hidden.shape[0], self.logit_chunk_tokens):
+                part = slice(start, start + self.logit_chunk_tokens)
+                args = (hidden[part], targets[part], temperature[part])
+                # Checkpointed: the backward recomputes this chunk's logits instead of keeping them.
+                lp, ent = checkpoint(score, *args, use_reentrant=False) if torch.is_grad_enabled() else score(*args)
+                logprobs.append(lp)
+                entropy.append(ent)
+        if not logprobs:
+            empty = torch.zeros(batch.mask.shape)
+            return Outputs(empty, empty.clone())
         return Outputs(
-            ppo.token_logprobs(logits, batch.response_ids), ppo.entropy_from_logits(logits), values
+            _scatter(torch.cat(logprobs), batch, rows, cols), _scatter(torch.cat(entropy), batch, rows, cols)
         )
 
-    def forward(self, batch: Batch, with_values: bool = True) -> Outputs:
-        return self._run(self._base(), batch, with_values)
+    def forward(self, batch: Batch, with_values: bool = False) -> Outputs:
+        # ``with_values`` is ignored: sft.py still passes it (it is being rewritten); drop both together.
+        del with_values
+        return self._run(self.base(), batch)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.reference is not None:
-            return self._run(self.reference, batch, False).logprobs
+            return self._run(self.reference, batch).logprobs
         if not self.lora:
             raise ValueError("no reference policy: build the model with with_reference=True or LoRA")
         with self.lm.disable_adapter():  # type: ignore[operator]
-            return self._run(self._base(), batch, False).logprobs
+            return self._run(self.base(), batch).logprobs
 
     # -- saving ---------------------------------------------------------------------------------
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The served architecture's weights, LoRA adapters folded in."""
+        """The served architecture's weights, LoRA adapters folded in.
+
+        Computed out of place: peft's merge/unmerge would round the frozen base weights (which the
+        critic's trunk and the reference share) a little differently each time."""
         if not self.lora:
             return {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
-        self.lm.merge_adapter()  # type: ignore[operator]
-        try:
-            state = {}
-            for key, value in self._base().state_dict().items():
-                if "lora_" in key:
-                    continue
-                state[key.replace(".base_layer.", ".")] = value.detach().clone()
-        finally:
-            self.lm.unmerge_adapter()  # type: ignore[operator]
+        from peft.tuners.lora import LoraLayer
+
+        deltas = {}
+        for name, module in self.base().named_modules():
+            if isinstance(module, LoraLayer):
+                # Defined on LoraLayer's concrete subclasses (Linear here), not on the base class.
+                delta = module.get_delta_weight("default")  # type: ignore[attr-defined]
+                deltas[f"{name}.weight"] = delta.detach()
+        state = {}
+        for key, value in self.base().state_dict().items():
+            if "lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            state[key] = value.detach().clone() + deltas[key] if key in deltas else value.detach().clone()
         return state
 
     def save_policy(self, directory: Path) -> None:
         """A Hugging Face checkpoint (config, safetensors, tokenizer) the policy service loads."""
-        base = self._base()
+        base = self.base()
         state = self.merged_state_dict()
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
@@ -185,19 +280,73 @@ class PolicyModel(nn.Module):
         self.tokenizer.save_pretrained(directory)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """What training changes: the adapters (or every weight) and the value head."""
-        return {k: v.detach().clone() for k, v in self.named_parameters_trainable()}
-
-    def named_parameters_trainable(self) -> Iterator[tuple[str, nn.Parameter]]:
-        for name, param in self.named_parameters():
-            if param.requires_grad and not name.startswith("reference."):
-                yield name, param
+        """What training changes: the adapters (or every weight)."""
+        return trainable_state(self)
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        params = dict(self.named_parameters_trainable())
-        missing = sorted(set(params) - set(state))
-        if missing:
-            raise ValueError(f"trainer state lacks {len(missing)} parameters, e.g. {missing[:3]}")
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state[name])
+        load_trainable_state(self, state)
+
+
+class ValueModel(nn.Module):
+    """The critic: a trunk of its own (from the actor's checkpoint) and a scalar value head, evaluated at
+    the positions that predict each generated token (verl's critic reads values the same way)."""
+
+    def __init__(self, actor: PolicyModel) -> None:
+        super().__init__()
+        trunk = actor.base().get_decoder()
+        if actor.lora:
+            # Share the frozen base weights (one copy in memory), then give the copy its own adapter,
+            # reset to the checkpoint (B = 0) whatever the actor's adapter holds now.
+            from peft.tuners.lora import LoraLayer
+
+            frozen = {id(p): p for p in trunk.parameters() if not p.requires_grad}
+            self.trunk: nn.Module = copy.deepcopy(trunk, memo=frozen)
+            for module in self.trunk.modules():
+                if isinstance(module, LoraLayer):
+                    module.reset_lora_parameters("default", True)
+        else:
+            self.trunk = copy.deepcopy(trunk).requires_grad_(True)
+        if actor.gradient_checkpointing:
+            _enable_gradient_checkpointing(self.trunk)
+        self.bf16 = actor.bf16
+        # Zero-initialised: every value starts at 0 (the return of an unscored trajectory).
+        self.value_head = nn.Linear(trunk.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """``[B, R]`` values, 0 where the mask is 0."""
+        rows, cols = _generated(batch)
+        with autocast(self.bf16):
+            hidden = _hidden_at(self.trunk, batch, rows, cols)
+        values = self.value_head(hidden.float()).squeeze(-1)
+        return _scatter(values, batch, rows, cols)
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return trainable_state(self)
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        load_trainable_state(self, state)
+
+
+def _named_trainable(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    for name, param in module.named_parameters():
+        if param.requires_grad and not name.startswith("reference."):
+            yield name, param
+
+
+def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in _named_trainable(module)}
+
+
+def load_trainable_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(_named_trainable(module))
+    missing = sorted(set(params) - set(state))
+    if missing:
+        raise ValueError(f"trainer state lacks {len(missing)} parameters, e.g. {missing[:3]}")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name])

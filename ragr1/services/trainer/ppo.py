@@ -11,6 +11,9 @@ Off-policy correction (decoupled PPO, as in AReaL): the rollout was sampled by a
 *proximal* policy's (the trainer's weights before this update, recomputed), and the clipped ratio is
 taken against the proximal policy while the importance weight ``exp(old - behaviour)``, truncated at
 ``tis_cap``, corrects for the behaviour policy having sampled the tokens.
+
+KL to the reference follows RAG-R1 / verl: by default a fixed-coefficient penalty subtracted from the
+token rewards (``token_rewards``), so it flows through GAE; optionally a loss term (``actor_loss``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Literal
 
 import torch
 
-KLKind = Literal["k1", "k3"]
+KLKind = Literal["k1", "k3"]  # config.KL_KINDS
+# verl clamps its low-variance (k3) estimate here: exp(ref - logp) explodes when the policy has moved far.
+K3_CLAMP = 10.0
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -30,8 +35,8 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def masked_mean(
     x: torch.Tensor, mask: torch.Tensor, denominator: float | torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Mean over unmasked entries; ``denominator`` overrides the count (the global token count when the
-    batch is split across data-parallel workers, so that every worker's share adds up to the same mean)."""
+    """Mean over unmasked entries; ``denominator`` overrides the count (the mini-batch's token count when
+    it is split into micro-batches or across data-parallel workers, so that the shares add up to its mean)."""
     if denominator is None:
         denominator = mask.sum().clamp(min=1)
     return masked_sum(x, mask) / denominator
@@ -52,6 +57,17 @@ def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     has_action = last >= 0
     rows = torch.arange(mask.shape[0], device=mask.device)[has_action]
     rewards[rows, last[has_action]] = scores[has_action]
+    return rewards
+
+
+def token_rewards(
+    scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None, kl_coef: float = 0.0
+) -> torch.Tensor:
+    """verl's ``apply_kl_penalty``: the outcome score on the last generated token, minus ``kl_coef`` × the
+    per-token KL estimate on every generated token (``kl`` ``[B, T]``; None = no penalty)."""
+    rewards = terminal_rewards(scores, mask)
+    if kl is not None:
+        rewards = rewards - kl_coef * kl * mask
     return rewards
 
 
@@ -104,17 +120,17 @@ def grpo_advantages(
     return advantage[:, None] * mask
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens.
 
-    k1 = log π - log π_ref (unbiased, can be negative); k3 = exp(-k1) - 1 + k1 (unbiased, >= 0,
-    lower variance; Schulman's estimator, which GRPO uses).
+    k1 = log π - log π_ref (unbiased, can be negative; RAG-R1's reward penalty); k3 = exp(-k1) - 1 + k1
+    (unbiased, >= 0, lower variance; Schulman's estimator, verl's ``low_var_kl``, clamped as verl does).
     """
     diff = logprobs - ref_logprobs
     if kind == "k1":
         return diff
     if kind == "k3":
-        return torch.exp(-diff) - 1 + diff
+        return (torch.exp(-diff) - 1 + diff).clamp(max=K3_CLAMP)
     raise ValueError(f"unknown KL estimator {kind!r}; use 'k1' or 'k3'")
 
 
@@ -141,7 +157,8 @@ def policy_loss(
     """The clipped surrogate, decoupled from the behaviour policy when its log-probs are given.
 
     Returns the loss and stats: ``clip_fraction`` (share of tokens whose ratio was clipped in the
-    direction that matters), ``approx_kl`` (k1 between proximal and current), ``importance_weight``.
+    direction that matters), ``approx_kl`` (k1 between proximal and current), ``importance_weight``,
+    ``ratio_mean``, ``ratio_min``, ``ratio_max`` (min and max over unmasked tokens).
     """
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
@@ -150,11 +167,15 @@ def policy_loss(
     per_token = -torch.minimum(unclipped, clipped) * weights
     loss = masked_mean(per_token, mask, denominator)
     with torch.no_grad():
+        live = ratio[mask > 0]
         stats = {
             "clip_fraction": masked_mean((clipped < unclipped).to(logprobs.dtype), mask),
             "approx_kl": masked_mean(old_logprobs - logprobs, mask),
             "importance_weight": masked_mean(weights, mask),
+            "ratio_mean": masked_mean(ratio, mask),
         }
+        if live.numel():
+            stats["ratio_min"], stats["ratio_max"] = live.min(), live.max()
     return loss, stats
 
 
@@ -172,9 +193,11 @@ def value_loss(
     loss = 0.5 * masked_mean(losses, mask, denominator)
     with torch.no_grad():
         stats = {
+            "value_loss": loss.detach(),
             "value_clip_fraction": masked_mean(
                 ((clipped - returns) ** 2 > (values - returns) ** 2).to(values.dtype), mask
-            )
+            ),
+            "value_mean": masked_mean(values, mask),
         }
     return loss, stats
 
@@ -190,28 +213,36 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def ppo_objective(
+def tempered_logprobs_and_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(token) and the entropy of softmax(logits / temperature), in float32 (``[N, V]``, ``[N]``,
+    ``[N]``). Dividing by the temperature the rollout was sampled at is what makes these the behaviour
+    distribution's log-probs (vLLM's processed log-probs; verl divides in every log-prob pass)."""
+    logp = torch.log_softmax(logits.float() / temperature.unsqueeze(-1), dim=-1)
+    chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return chosen, entropy
+
+
+def actor_loss(
     *,
     logprobs: torch.Tensor,
     entropy: torch.Tensor,
-    values: torch.Tensor | None,
     old_logprobs: torch.Tensor,
-    old_values: torch.Tensor | None,
-    ref_logprobs: torch.Tensor | None,
     behaviour_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
-    returns: torch.Tensor | None,
     mask: torch.Tensor,
     clip: float,
-    value_clip: float,
     entropy_coef: float,
-    kl_coef: float,
-    kl_kind: KLKind,
-    value_coef: float,
     tis_cap: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k1",
     denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Policy loss - entropy bonus + KL-to-reference loss (+ value loss when a critic is trained).
+    """Clipped policy loss - entropy bonus (+ KL-to-reference loss when ``ref_logprobs`` is given: the
+    ``kl_penalty = "loss"`` option; by default the KL is in the rewards instead).
 
     Every term is a masked mean over the same tokens, so ``<information>`` tokens contribute nothing.
     """
@@ -224,13 +255,16 @@ def ppo_objective(
     total = loss - entropy_coef * ent
     if ref_logprobs is not None:
         kl = masked_mean(kl_penalty(logprobs, ref_logprobs, kl_kind), mask, denominator)
-        stats["kl"] = kl.detach()
+        stats["kl_loss"] = kl.detach()
         total = total + kl_coef * kl
-    if values is not None:
-        if old_values is None or returns is None:
-            raise ValueError("a value loss needs old_values and returns")
-        vloss, vstats = value_loss(values, old_values, returns, mask, value_clip, denominator)
-        stats["value_loss"] = vloss.detach()
-        stats.update(vstats)
-        total = total + value_coef * vloss
     return total, stats
+
+
+def warmup_factor(update: int, warmup_updates: int) -> float:
+    """Learning-rate multiplier of update ``update`` (0-based): a linear ramp over ``warmup_updates``
+    updates, then constant (verl's constant schedule with warm-up). verl's ramp gives the first update
+    rate 0, a wasted update; this one starts at 1/warmup_updates and reaches 1 on the last warm-up
+    update."""
+    if warmup_updates <= 0:
+        return 1.0
+    return min(1.0, (update + 1) / warmup_updates)

@@ -1,27 +1,40 @@
 """One PPO update on a batch of rollouts: the model-facing half of PPO (the arithmetic is in ``ppo``).
 
-``prepare`` runs the no-gradient passes (proximal log-probs and values, reference log-probs) and
-computes advantages for the whole batch; ``optimise`` accumulates gradients over micro-batches of any
-subset of rows, normalised by the whole batch's token count, so that data-parallel workers that each
-take a share of the rows and sum their gradients (``torch.distributed.all_reduce``) take exactly the
-step one process would take on the whole batch.
+As RAG-R1 runs it (verl): ``prepare`` runs the no-gradient passes (proximal log-probs, reference
+log-probs, values), puts the KL penalty into the token rewards and computes advantages for the whole
+batch; then the batch is split into mini-batches and every mini-batch is one clipped optimiser step of
+the critic and one of the actor (``batch_size / mini_batch_size`` steps each per epoch), so that from the
+second mini-batch on the policy has moved and the ratio can leave [1 - ε, 1 + ε]. The two models have
+their own AdamW, learning rate with warm-up, weight decay and gradient clip.
+
+Within a mini-batch, gradients accumulate over micro-batches capped in rows and tokens; every loss is
+divided by the mini-batch's token count, so data-parallel workers that each take a share of its rows
+and sum their gradients (``reduce``) take exactly the step one process would take.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ragr1.services.trainer import ppo
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.data import TokenSequence
-from ragr1.services.trainer.model import Batch, PolicyModel, collate
+from ragr1.services.trainer.model import Batch, PolicyModel, ValueModel, collate, micro_batches
+
+log = logging.getLogger(__name__)
+
+# reduce(tensor, op) combines a tensor across data-parallel workers in place; op is "sum", "min" or "max".
+Reduce = Callable[[torch.Tensor, str], None]
 
 
 @dataclasses.dataclass
@@ -34,6 +47,11 @@ class Sample:
     group_id: str = ""
     # Per response token, under the policy that generated it; None = on-policy (the trainer's own).
     behaviour_logprobs: list[float] | None = None
+    # The temperature it was sampled at: the trainer's log-probs divide the logits by it.
+    temperature: float = 1.0
+    # True when the trainer's current weights are the ones that sampled it (same version): its
+    # log-probs must then match the behaviour ones, which is the weight-sync check.
+    check_sync: bool = False
 
 
 @dataclasses.dataclass
@@ -41,70 +59,163 @@ class Prepared:
     batch: Batch
     old_logprobs: torch.Tensor
     old_values: torch.Tensor | None
+    # Only with kl_penalty = "loss"; in the default the KL is already in the rewards.
     ref_logprobs: torch.Tensor | None
     behaviour_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     returns: torch.Tensor | None
     scores: torch.Tensor
+    stats: dict[str, float]
 
-    @property
-    def tokens(self) -> float:
-        return float(self.batch.mask.sum().clamp(min=1))
+    def tokens(self, rows: Sequence[int]) -> float:
+        return float(self.batch.mask[list(rows)].sum().clamp(min=1))
 
 
-def _mean_stats(parts: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, float]:
-    total = sum(weights) or 1.0
-    keys = set().union(*parts) if parts else set()
-    return {
-        k: sum(float(p[k]) * w for p, w in zip(parts, weights, strict=True) if k in p) / total for k in keys
-    }
+# Keys of the update's statistics, by how they combine across micro-batches and workers.
+_MEANS = (
+    "policy_loss", "entropy", "kl_loss", "clip_fraction", "approx_kl", "importance_weight", "ratio_mean",
+    "value_loss", "value_clip_fraction", "value_mean",
+)
+_MINS = ("ratio_min",)
+_MAXES = ("ratio_max",)
+# Stats that the loss functions divided by the mini-batch's token count rather than the micro-batch's.
+_SHARED_DENOMINATOR = {"policy_loss", "entropy", "kl_loss", "value_loss"}
+
+
+class StepStats:
+    """Token-weighted means, minima and maxima over micro-batches, combinable across workers."""
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(len(_MEANS), dtype=torch.float64)
+        self.weights = torch.zeros(len(_MEANS), dtype=torch.float64)
+        self.mins = torch.full((len(_MINS),), math.inf, dtype=torch.float64)
+        self.maxes = torch.full((len(_MAXES),), -math.inf, dtype=torch.float64)
+
+    def add(self, stats: dict[str, torch.Tensor], tokens: float, denominator: float) -> None:
+        for i, key in enumerate(_MEANS):
+            if key in stats:
+                value = float(stats[key])
+                # Back to this micro-batch's own mean, weighted by its tokens.
+                self.sums[i] += value * denominator if key in _SHARED_DENOMINATOR else value * tokens
+                self.weights[i] += tokens
+        for i, key in enumerate(_MINS):
+            if key in stats:
+                self.mins[i] = min(float(self.mins[i]), float(stats[key]))
+        for i, key in enumerate(_MAXES):
+            if key in stats:
+                self.maxes[i] = max(float(self.maxes[i]), float(stats[key]))
+
+    def reduce(self, reduce: Reduce) -> None:
+        reduce(self.sums, "sum")
+        reduce(self.weights, "sum")
+        reduce(self.mins, "min")
+        reduce(self.maxes, "max")
+
+    def result(self) -> dict[str, float]:
+        out = {k: float(self.sums[i] / self.weights[i]) for i, k in enumerate(_MEANS) if self.weights[i] > 0}
+        out.update({k: float(self.mins[i]) for i, k in enumerate(_MINS) if math.isfinite(self.mins[i])})
+        out.update({k: float(self.maxes[i]) for i, k in enumerate(_MAXES) if math.isfinite(self.maxes[i])})
+        return out
+
+
+@dataclasses.dataclass
+class _Optimised:
+    """One trained model with its optimiser and schedule."""
+
+    name: str
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    lr: float
+    warmup_updates: int
+    max_grad_norm: float
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+
+    def set_learning_rate(self, update: int) -> float:
+        lr = self.lr * ppo.warmup_factor(update, self.warmup_updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
 
 class PPOUpdater:
-    def __init__(self, settings: PPOSettings, model: PolicyModel) -> None:
-        if settings.advantage not in ("gae", "grpo"):
-            raise ValueError(f"advantage must be 'gae' or 'grpo', got {settings.advantage!r}")
+    def __init__(self, settings: PPOSettings, actor: PolicyModel, critic: ValueModel | None = None) -> None:
+        settings.validate()
+        if settings.uses_critic and critic is None:
+            raise ValueError("advantage=gae needs a critic (ValueModel)")
+        if settings.kl_coef > 0 and actor.reference is None and not actor.lora:
+            raise ValueError("kl_coef > 0 needs a reference policy: build the actor with with_reference=True")
         self.settings = settings
-        self.model = model
-        groups = [{"params": model.actor_parameters(), "lr": settings.actor_lr}]
-        if model.critic_parameters():
-            groups.append({"params": model.critic_parameters(), "lr": settings.critic_lr})
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        self.actor = actor
+        self.critic = critic if settings.uses_critic else None
+        # Updates taken so far: drives the warm-up and the shuffling seed; saved with the state.
+        self.updates = 0
+        self.parts = [
+            _Optimised(
+                "actor",
+                actor.actor_parameters(),
+                torch.optim.AdamW(actor.actor_parameters(), lr=settings.actor_lr, weight_decay=settings.weight_decay),
+                settings.actor_lr,
+                settings.warmup_updates(settings.actor_warmup_ratio),
+                settings.max_grad_norm,
+            )
+        ]
+        if self.critic is not None:
+            params = self.critic.critic_parameters()
+            self.parts.append(
+                _Optimised(
+                    "critic",
+                    params,
+                    torch.optim.AdamW(params, lr=settings.critic_lr, weight_decay=settings.critic_weight_decay),
+                    settings.critic_lr,
+                    settings.warmup_updates(settings.critic_warmup_ratio),
+                    settings.critic_max_grad_norm,
+                )
+            )
+
+    @classmethod
+    def build(cls, settings: PPOSettings, model_dir: Path) -> PPOUpdater:
+        """The actor (with its reference when there is a KL term) and, for GAE, the critic."""
+        settings.validate()
+        actor = PolicyModel(
+            model_dir,
+            lora_rank=settings.lora_rank,
+            lora_alpha=settings.lora_alpha,
+            with_reference=settings.kl_coef > 0,
+            bf16=settings.bf16,
+            gradient_checkpointing=settings.gradient_checkpointing,
+            logit_chunk_tokens=settings.logit_chunk_tokens,
+        )
+        return cls(settings, actor, ValueModel(actor) if settings.uses_critic else None)
 
     @property
     def uses_critic(self) -> bool:
-        return self.settings.advantage == "gae"
+        return self.critic is not None
 
-    def _forward_no_grad(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logprobs, values = [], []
+    def _micro_batches(self, batch: Batch, rows: Sequence[int]) -> list[list[int]]:
+        s = self.settings
+        return micro_batches(batch, rows, s.micro_batch_size, s.micro_batch_tokens)
+
+    def _no_grad(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros(batch.mask.shape)
         with torch.no_grad():
-            for start in range(0, len(batch), self.settings.micro_batch_size):
-                out = self.model(
-                    batch.select(range(start, min(len(batch), start + self.settings.micro_batch_size))),
-                    with_values=self.uses_critic,
-                )
-                logprobs.append(out.logprobs)
-                if out.values is not None:
-                    values.append(out.values)
-        return torch.cat(logprobs), (torch.cat(values) if values else None)
+            for rows in self._micro_batches(batch, range(len(batch))):
+                out[rows] = forward(batch.select(rows))
+        return out
 
     @torch.no_grad()
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         s = self.settings
-        self.model.eval()
-        batch = collate([x.sequence for x in samples], self.model.pad_id)
+        self.actor.eval()
+        batch = collate([x.sequence for x in samples], self.actor.pad_id, [x.temperature for x in samples])
         mask = batch.mask
-        old_logprobs, old_values = self._forward_no_grad(batch)
-        ref = None
+        old_logprobs = self._no_grad(batch, lambda b: self.actor(b).logprobs)
+        stats: dict[str, float] = {}
+        kl = ref = None
         if s.kl_coef > 0:
-            ref = torch.cat(
-                [
-                    self.model.reference_logprobs(
-                        batch.select(range(i, min(len(batch), i + s.micro_batch_size)))
-                    )
-                    for i in range(0, len(batch), s.micro_batch_size)
-                ]
-            )
+            ref = self._no_grad(batch, self.actor.reference_logprobs)
+            # verl's kl = old_log_prob - ref_log_prob, on generated tokens only.
+            kl = ppo.kl_penalty(old_logprobs, ref, s.kl_kind) * mask  # type: ignore[arg-type]
+            stats["kl"] = float(ppo.masked_mean(kl, mask))
         behaviour = None
         if any(x.behaviour_logprobs is not None for x in samples):
             behaviour = old_logprobs.clone()
@@ -112,88 +223,136 @@ class PPOUpdater:
                 if x.behaviour_logprobs is not None:
                     behaviour[i, : len(x.behaviour_logprobs)] = torch.tensor(x.behaviour_logprobs)
             behaviour = torch.where(mask > 0, behaviour, old_logprobs)
+            stats.update(logprob_gap(old_logprobs, behaviour, mask, [x.check_sync for x in samples]))
         scores = torch.tensor([x.score for x in samples], dtype=torch.float32)
-        returns = None
-        if self.uses_critic:
-            assert old_values is not None
-            old_values = old_values * mask
-            advantages, returns = ppo.gae(
-                ppo.terminal_rewards(scores, mask), old_values, mask, s.gamma, s.lam
-            )
+        in_reward = s.kl_penalty == "reward"
+        rewards = ppo.token_rewards(scores, mask, kl if in_reward else None, s.kl_coef)
+        returns = old_values = None
+        if self.critic is not None:
+            self.critic.eval()
+            old_values = self._no_grad(batch, self.critic)
+            advantages, returns = ppo.gae(rewards, old_values, mask, s.gamma, s.lam)
             if s.whiten_advantages:
                 advantages = ppo.masked_whiten(advantages, mask)
         else:
-            advantages = ppo.grpo_advantages(scores, [x.group_id or x.id for x in samples], mask)
-        return Prepared(batch, old_logprobs, old_values, ref, behaviour, advantages, returns, scores)
+            # verl's GRPO scores a trajectory by the sum of its token rewards (KL penalty included).
+            group_ids = [x.group_id or x.id for x in samples]
+            advantages = ppo.grpo_advantages(rewards.sum(dim=1), group_ids, mask)
+        return Prepared(
+            batch, old_logprobs, old_values, None if in_reward else ref, behaviour, advantages, returns, scores,
+            stats,
+        )
 
-    def optimise(
-        self, prepared: Prepared, rows: Sequence[int] | None = None, all_reduce: Any = None
-    ) -> dict[str, float]:
-        """One optimiser step on ``rows`` (default all). ``all_reduce(tensor)`` sums a tensor across
-        data-parallel workers in place; each worker passes its own rows."""
+    def _mini_batches(self, size: int, epoch: int) -> list[list[int]]:
         s = self.settings
-        self.model.train()
-        rows = list(range(len(prepared.batch))) if rows is None else list(rows)
-        denominator = prepared.tokens
-        self.optimizer.zero_grad(set_to_none=False)
-        parts, weights = [], []
-        for start in range(0, len(rows), s.micro_batch_size):
-            index = rows[start : start + s.micro_batch_size]
-            sel = torch.as_tensor(index, dtype=torch.long)
-            micro = prepared.batch.select(index)
-            out = self.model(micro, with_values=self.uses_critic)
+        order = list(range(size))
+        if s.shuffle_mini_batches:
+            # Seeded by update and epoch, so that every data-parallel worker draws the same order.
+            generator = torch.Generator().manual_seed(s.seed * 1_000_003 + self.updates * 1_009 + epoch)
+            order = torch.randperm(size, generator=generator).tolist()
+        return [order[i : i + s.mini_batch_size] for i in range(0, size, s.mini_batch_size)]
 
-            def pick(t: torch.Tensor | None, sel: torch.Tensor = sel) -> torch.Tensor | None:
-                return None if t is None else t[sel]
+    def _actor_loss(self, prepared: Prepared, micro: Batch, sel: torch.Tensor, denominator: float) -> Any:
+        s = self.settings
+        out = self.actor(micro)
 
-            loss, stats = ppo.ppo_objective(
-                logprobs=out.logprobs,
-                entropy=out.entropy,
-                values=out.values if self.uses_critic else None,
-                old_logprobs=prepared.old_logprobs[sel],
-                old_values=pick(prepared.old_values),
-                ref_logprobs=pick(prepared.ref_logprobs),
-                behaviour_logprobs=pick(prepared.behaviour_logprobs),
-                advantages=prepared.advantages[sel],
-                returns=pick(prepared.returns),
-                mask=micro.mask,
-                clip=s.clip,
-                value_clip=s.value_clip,
-                entropy_coef=s.entropy_coef,
-                kl_coef=s.kl_coef,
-                kl_kind=s.kl_kind,  # type: ignore[arg-type]
-                value_coef=s.value_coef,
-                tis_cap=s.tis_cap,
-                denominator=denominator,
-            )
-            loss.backward()
-            # The stats were divided by the whole batch's token count; scale back to this micro-batch's mean.
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[sel]
+
+        return ppo.actor_loss(
+            logprobs=out.logprobs,
+            entropy=out.entropy,
+            old_logprobs=prepared.old_logprobs[sel],
+            behaviour_logprobs=pick(prepared.behaviour_logprobs),
+            advantages=prepared.advantages[sel],
+            mask=micro.mask,
+            clip=s.clip,
+            entropy_coef=s.entropy_coef,
+            tis_cap=s.tis_cap,
+            ref_logprobs=pick(prepared.ref_logprobs),
+            kl_coef=s.kl_coef,
+            kl_kind=s.kl_kind,  # type: ignore[arg-type]
+            denominator=denominator,
+        )
+
+    def _critic_loss(self, prepared: Prepared, micro: Batch, sel: torch.Tensor, denominator: float) -> Any:
+        assert self.critic is not None and prepared.old_values is not None and prepared.returns is not None
+        return ppo.value_loss(
+            self.critic(micro),
+            prepared.old_values[sel],
+            prepared.returns[sel],
+            micro.mask,
+            self.settings.value_clip,
+            denominator,
+        )
+
+    def step(
+        self,
+        model: str,
+        prepared: Prepared,
+        mini_batch: Sequence[int],
+        rank: int = 0,
+        world: int = 1,
+        stats: StepStats | None = None,
+        reduce: Reduce | None = None,
+    ) -> StepStats:
+        """One optimiser step of the ``"actor"`` or the ``"critic"`` on a mini-batch, of which this
+        worker computes its share of the rows."""
+        part = next(p for p in self.parts if p.name == model)
+        loss_fn = self._actor_loss if model == "actor" else self._critic_loss
+        network = self.actor if model == "actor" else self.critic
+        assert network is not None
+        network.train()
+        stats = stats or StepStats()
+        denominator = prepared.tokens(mini_batch)
+        part.optimizer.zero_grad(set_to_none=True)
+        for rows in self._micro_batches(prepared.batch, list(mini_batch)[rank::world]):
+            micro = prepared.batch.select(rows)
             tokens = float(micro.mask.sum())
-            parts.append(
-                {k: v * denominator / max(tokens, 1.0) if k in _SUMMED else v for k, v in stats.items()}
-            )
-            weights.append(tokens)
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        if all_reduce is not None:
-            for p in params:
-                if p.grad is not None:
-                    all_reduce(p.grad)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
-        self.optimizer.step()
-        result = _mean_stats(parts, weights)
-        result["grad_norm"] = float(grad_norm)
-        return result
+            if tokens == 0:
+                continue
+            loss, step_stats = loss_fn(prepared, micro, torch.as_tensor(rows, dtype=torch.long), denominator)
+            loss.backward()
+            stats.add(step_stats, tokens, denominator)
+        if reduce is not None:
+            for p in part.params:
+                # Every worker joins every reduction, whether or not its rows reached this parameter.
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                reduce(p.grad, "sum")
+        part.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(part.params, part.max_grad_norm)))
+        part.optimizer.step()
+        return stats
 
-    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """prepare + ``ppo_epochs`` optimiser steps; stats include reward and tokens/s."""
+    def update(
+        self, samples: Sequence[Sample], rank: int = 0, world: int = 1, reduce: Reduce | None = None
+    ) -> dict[str, float]:
+        """prepare, then ``ppo_epochs`` passes of one critic and one actor step per mini-batch. A
+        data-parallel worker passes its ``rank``, the ``world`` size and ``reduce``; it computes its
+        share of each mini-batch and every worker ends with the same weights."""
         start = time.perf_counter()
+        learning_rates = {f"{p.name}_lr": p.set_learning_rate(self.updates) for p in self.parts}
         prepared = self.prepare(samples)
-        stats: dict[str, float] = {}
-        for _ in range(self.settings.ppo_epochs):
-            stats = self.optimise(prepared)
+        stats = StepStats()
+        for part in self.parts:
+            part.grad_norms = []
+        for epoch in range(self.settings.ppo_epochs):
+            minis = self._mini_batches(len(samples), epoch)
+            # verl's order: the critic's steps, then the actor's (they share no trainable weight).
+            for model in [p.name for p in reversed(self.parts)]:
+                for mini in minis:
+                    self.step(model, prepared, mini, rank, world, stats, reduce)
+        if reduce is not None:
+            stats.reduce(reduce)
+        self.updates += 1
+        result = {**prepared.stats, **stats.result(), **learning_rates}
+        for part in self.parts:
+            result[f"{part.name}_grad_norm"] = sum(part.grad_norms) / max(1, len(part.grad_norms))
+            result[f"{part.name}_grad_norm_max"] = max(part.grad_norms, default=0.0)
+            result[f"{part.name}_steps"] = float(len(part.grad_norms))
         elapsed = time.perf_counter() - start
         tokens = float(sum(len(x.sequence.prompt_ids) + len(x.sequence.response_ids) for x in samples))
-        stats.update(
+        result.update(
             {
                 "reward_mean": float(prepared.scores.mean()),
                 "tokens": tokens,
@@ -201,22 +360,41 @@ class PPOUpdater:
                 "update_seconds": elapsed,
             }
         )
-        return stats
+        return result
 
     def save_policy(self, directory: Path) -> None:
-        self.model.save_policy(directory)
+        self.actor.save_policy(directory)
 
     def state(self) -> dict[str, Any]:
-        """A snapshot: the optimiser's state_dict holds its live tensors, so it is copied."""
-        return {
-            "model": self.model.trainable_state(),
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-        }
+        """A snapshot: the optimisers' state_dicts hold their live tensors, so they are copied."""
+        state: dict[str, Any] = {"updates": self.updates, "actor": self.actor.trainable_state()}
+        if self.critic is not None:
+            state["critic"] = self.critic.trainable_state()
+        for part in self.parts:
+            state[f"{part.name}_optimizer"] = copy.deepcopy(part.optimizer.state_dict())
+        return state
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.model.load_trainable_state(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.actor.load_trainable_state(state["actor"])
+        if self.critic is not None:
+            self.critic.load_trainable_state(state["critic"])
+        for part in self.parts:
+            part.optimizer.load_state_dict(state[f"{part.name}_optimizer"])
+        self.updates = int(state["updates"])
 
 
-# Stats that ppo_objective reduced with the batch-wide denominator (the others are plain means).
-_SUMMED = {"policy_loss", "entropy", "kl", "value_loss"}
+def logprob_gap(
+    trainer: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, same_weights: Sequence[bool]
+) -> dict[str, float]:
+    """The weight-sync check: |trainer - behaviour| log-prob per generated token, over the rows sampled
+    by the weights the trainer holds. Empty when there are none (every rollout was a version behind)."""
+    rows = torch.tensor(same_weights, dtype=torch.bool)
+    live = mask[rows] > 0
+    if not bool(live.any()):
+        return {}
+    gaps = (trainer[rows] - behaviour[rows]).abs()[live]
+    return {
+        "logprob_gap": float(gaps.mean()),
+        "logprob_gap_max": float(gaps.max()),
+        "logprob_gap_rollouts": float(int(rows.sum())),
+    }

@@ -15,7 +15,6 @@ from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
 from ragr1.services.trainer.loop import LoopSettings, PPOLoop, Status, Updater
-from ragr1.services.trainer.model import PolicyModel
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
@@ -33,21 +32,16 @@ def build_updater(config: PPOConfig) -> Updater:
     if config.num_workers > 1:
         from ragr1.services.trainer.ray_train import RayUpdater
 
-        return RayUpdater(config, model_dir)
-    model = PolicyModel(
-        model_dir,
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        value_head=config.advantage == "gae",
-        with_reference=config.kl_coef > 0,
-        bf16=config.bf16,
-    )
-    return PPOUpdater(config, model)
+        return RayUpdater(config, model_dir, config.num_workers)
+    return PPOUpdater.build(config, model_dir)
 
 
 def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
-    """Everything checked before any training: the prompts file, Redis, that the policy replicas take
-    the trainer's credentials, the model."""
+    """Everything checked before any training: the settings, the prompts file, Redis, that the policy
+    replicas take the trainer's credentials, the model."""
+    config.validate()
+    if config.max_updates == 0 and (config.actor_warmup_ratio > 0 or config.critic_warmup_ratio > 0):
+        log.warning("max_updates is 0 (train until stopped): the learning rates start at full, without warm-up")
     prompts = Path(config.prompts_file) if config.prompts_file else shipped.train_path("hotpotqa")
     tasks = load_tasks(prompts, config.mode, config.prompt_limit or None)
     client = redis.Redis.from_url(config.redis_url)
@@ -68,6 +62,7 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
         group=config.group,
         consumer=config.consumer,
         start_version=config.start_version,
+        logprob_gap_threshold=config.logprob_gap_threshold,
     )
     return PPOLoop(
         settings,

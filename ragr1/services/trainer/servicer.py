@@ -22,4 +22,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             rollouts_dropped_stale=s.rollouts_dropped_stale,
             last_mean_reward=s.last_mean_reward,
             checkpoint_path=s.checkpoint_path,
+            last_logprob_gap=s.last_logprob_gap,
+            weight_sync_alarms=s.weight_sync_alarms,
         )
