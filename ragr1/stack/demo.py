@@ -79,6 +79,7 @@ class DemoConfig(StackConfig):
     rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
     rl_lr: float = setting(2e-5, "RL actor learning rate (LoRA adapters)")
     rl_lora_rank: int = setting(16, "RL LoRA rank (0: full fine-tune)")
+    rl_mini_batch: int = setting(4, "RL rollouts per clipped optimiser step (RAG-R1: 4 steps per batch)")
     rl_micro_batch: int = setting(2, "RL sequences per forward/backward")
     rl_mode: str = setting("multi", "search mode of the RL prompts: single or multi (RAG-R1 trains multi)")
     quick_index: bool = setting(False, "index only the paragraphs of the demo's questions (minutes saved)")
@@ -194,7 +195,7 @@ class Demo:
             "--max-updates", str(c.rl_updates), "--batch-size", str(c.rl_prompts * c.rl_samples),
             "--samples-per-prompt", str(c.rl_samples), "--advantage", c.rl_advantage,
             "--actor-lr", str(c.rl_lr), "--lora-rank", str(c.rl_lora_rank),
-            "--micro-batch-size", str(c.rl_micro_batch),
+            "--mini-batch-size", str(c.rl_mini_batch), "--micro-batch-size", str(c.rl_micro_batch),
         )
         proc = supervisor.add(spec)
         target = start_version + c.rl_updates
