@@ -12,7 +12,7 @@ A recipe in phases over the local stack:
 
 Every evaluation runs the same held-out questions greedily in three modes (no retrieval, single-query,
 multi-query), with nothing else running on the policy, so each stage's effect is visible on its own.
-Presets (``--preset quick|long``) are YAML files of settings beside this module; flags override them.
+Presets (``--preset quick``) are YAML files of settings beside this module; flags override them.
 """
 
 from __future__ import annotations

