@@ -69,6 +69,10 @@ def policy(
     redis_server: RedisServer,
     tmp_path_factory: Any,
 ) -> Iterator[PolicyServer]:
+    # The Redis server is the session's: streams and groups other modules left (test_streams' rollouts
+    # under group "trainer", say) must not be read as this worker's.
+    with redis_server.client() as r:
+        r.flushall()
     port, metrics_port = free_port(), free_port()
     secrets = tmp_path_factory.mktemp("secrets")
     pki = write_pki(secrets)
@@ -282,7 +286,7 @@ def test_rollout_worker_scores_and_acks_through_redis(
     deadline = time.monotonic() + 240
     produced: list[common_pb2.Rollout] = []
     while time.monotonic() < deadline and len(produced) < sum(wanted.values()):
-        produced += [d.message for d in rollouts.consume(10, block_ms=1000)]
+        produced += [d.message for d in rollouts.consume(10, block_ms=1000) if d.message.task_id in wanted]
     assert {k: sum(m.task_id == k for m in produced) for k in wanted} == wanted
     version = client.weight_version().version
     for m in produced:
