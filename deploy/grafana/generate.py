@@ -207,7 +207,7 @@ TRAINER = Dashboard(
                    ("min(ragr1_policy_weight_version)", "version served (oldest replica)")]),
         ]),
         ("Weight-sync check", [
-            Panel("Log-prob gap: trainer vs vLLM on rollouts of the trainer's version",
+            Panel("Log-prob gap: trainer vs vLLM on rollouts of the trainer's last two versions",
                   [("avg by (stat) (ragr1_trainer_logprob_gap_nats)", "{{stat}}")],
                   description="Mean and max |trainer - vLLM| log-prob per generated token (nats). The normal "
                               "gap is bf16 rounding; a mean above logprob_gap_threshold means the policy serves "

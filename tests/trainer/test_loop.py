@@ -127,34 +127,54 @@ def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
 def test_weight_sync_alarm_fires_when_the_behaviour_log_probs_are_not_the_trainers(
     redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=2, max_staleness=1)
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=3, max_staleness=1)
     updater = loop.updater
     assert isinstance(updater, PPOUpdater)
 
-    def matching(rollout_id: str, version: int) -> common_pb2.Rollout:
-        """A rollout whose behaviour log-probs are the trainer's own: what a synced policy records."""
-        rollout = make_rollout(rollout_id, version)
+    def trainer_logprobs(rollout: common_pb2.Rollout) -> list[float]:
         sample = to_sample(rollout)
         batch = collate([sample.sequence], updater.actor.pad_id, [sample.temperature])
         with torch.no_grad():
-            rollout.behaviour_logprobs[:] = updater.actor(batch).logprobs[0].tolist()
+            return updater.actor(batch).logprobs[0].tolist()  # type: ignore[no-any-return]
+
+    def matching(rollout_id: str, version: int) -> common_pb2.Rollout:
+        """A rollout whose behaviour log-probs are the trainer's own now: what a synced policy records."""
+        rollout = make_rollout(rollout_id, version)
+        rollout.behaviour_logprobs[:] = trainer_logprobs(rollout)
         return rollout
 
+    # Sampled by the version-0 weights, trained only after version 1: what overlapping rollouts are.
+    late = matching("late", 0)
     produce(redis_client, [matching("ok1", 0), matching("ok2", 0)])
     loop.rollouts.ensure_group()
     loop.prompts.ensure_group()
     loop.collect()
     synced = loop.train_batch()
     assert synced["logprob_gap"] < 1e-4 and synced["weight_sync_alarm"] is False
-    assert loop.status.weight_sync_alarms == 0
-    # At version 1 the policy recorded log-probs of other weights (make_rollout's are random); a
-    # rollout a version behind is not compared (the trainer no longer holds its weights).
+    # The tiny model's first update barely moves it; move it far, as a real update can.
+    with torch.no_grad():
+        for param in updater.actor.actor_parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    moved = [abs(a - b) for a, b, m in zip(trainer_logprobs(late), late.behaviour_logprobs, late.loss_mask,
+                                           strict=True) if m]
+    assert sum(moved) / len(moved) > 0.1  # compared with the current weights, "late" would alarm
+
+    # A rollout one version behind is checked under the weights before the last update, beside one of
+    # the current version: both match.
+    produce(redis_client, [late, matching("now", 1)])
+    loop.collect()
+    behind = loop.train_batch()
+    assert behind["logprob_gap_rollouts"] == 2 and behind["logprob_gap"] < 1e-4
+    assert behind["weight_sync_alarm"] is False and loop.status.weight_sync_alarms == 0
+
+    # At version 2 the policy recorded log-probs of other weights (make_rollout's are random), for a
+    # rollout of the current version and one a version behind.
     alarms_before = REGISTRY.get_sample_value("ragr1_trainer_weight_sync_alarms_total") or 0.0
-    produce(redis_client, [make_rollout("bad", 1), matching("old", 0)])
+    produce(redis_client, [make_rollout("bad", 2), make_rollout("bad-behind", 1)])
     with caplog.at_level(logging.ERROR, logger="ragr1.services.trainer.loop"):
         loop.run()
     wrong = loop.steps.read()[-1]
-    assert wrong["weight_sync_alarm"] is True and wrong["logprob_gap_rollouts"] == 1
+    assert wrong["weight_sync_alarm"] is True and wrong["logprob_gap_rollouts"] == 2
     assert wrong["logprob_gap"] > 1.0
     assert loop.status.weight_sync_alarms == 1 and loop.status.last_logprob_gap == wrong["logprob_gap"]
     assert REGISTRY.get_sample_value("ragr1_trainer_weight_sync_alarms_total") == alarms_before + 1

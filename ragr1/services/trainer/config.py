@@ -156,7 +156,7 @@ class PPOConfig(PPOSettings, ServerConfig):
     logprob_gap_threshold: float = setting(
         0.1,
         "weight-sync alarm: mean |trainer - vLLM| log-prob per generated token (nats) of the rollouts "
-        "sampled at the trainer's version above which the policy probably serves other weights",
+        "sampled at the trainer's version or one behind, above which the policy probably serves other weights",
     )
 
     def validate(self) -> None:

@@ -16,9 +16,11 @@ Guarantees, and how:
 - **Whole groups.** With ``samples_per_prompt > 1`` a batch holds only complete groups (the samples of
   one prompt, which GRPO compares with each other): a group still arriving waits, and a group with a
   stale or dead-lettered member is dropped whole.
-- **Weight-sync check.** For the rollouts sampled at the trainer's own version, the trainer's
-  log-probs must equal the ones vLLM recorded; a gap above ``logprob_gap_threshold`` is reported as a
-  probable weight-sync failure (the policy serves other weights than the trainer holds).
+- **Weight-sync check.** For the rollouts sampled at the trainer's own version or one version behind
+  (most of a batch when rollouts overlap updates; the updater keeps the weights before its last
+  update), the trainer's log-probs under the weights that sampled them must equal the ones vLLM
+  recorded; a gap above ``logprob_gap_threshold`` is reported as a probable weight-sync failure (the
+  policy serves other weights than the trainer pushed).
 - **An idle policy after a finite run.** Reaching ``max_updates``, the loop deletes the prompts it
   admitted that no rollout worker has taken, so that the workers stop when their current work ends.
 
@@ -132,8 +134,8 @@ def check_rollout(rollout: common_pb2.Rollout, current_version: int) -> str | No
     return None
 
 
-def to_sample(rollout: common_pb2.Rollout, check_sync: bool = False) -> Sample:
-    """``check_sync``: the trainer holds the weights that sampled it (see ``Sample.check_sync``)."""
+def to_sample(rollout: common_pb2.Rollout, weights_lag: int | None = None) -> Sample:
+    """``weights_lag``: the trainer's version minus the rollout's (see ``Sample.weights_lag``)."""
     return Sample(
         id=rollout.id,
         sequence=TokenSequence(
@@ -145,7 +147,7 @@ def to_sample(rollout: common_pb2.Rollout, check_sync: bool = False) -> Sample:
         group_id=rollout.group_id or rollout.task_id,
         behaviour_logprobs=list(rollout.behaviour_logprobs),
         temperature=rollout.sampling.temperature,
-        check_sync=check_sync,
+        weights_lag=weights_lag,
     )
 
 
@@ -405,7 +407,7 @@ class PPOLoop:
         staleness = [self.version - r.policy_version for r in rollouts]
         for lag in staleness:
             metrics.STALENESS.observe(lag)
-        stats = self.updater.update([to_sample(r, check_sync=r.policy_version == self.version) for r in rollouts])
+        stats = self.updater.update([to_sample(r, lag) for r, lag in zip(rollouts, staleness, strict=True)])
         alarm = self._check_sync(stats)
         ids = [r.id for r in rollouts]
         new_version = self.version + 1
@@ -447,8 +449,8 @@ class PPOLoop:
         return record
 
     def _check_sync(self, stats: dict[str, float]) -> bool:
-        """True (and an error in the log) when the trainer's log-probs of the rollouts its own weights
-        sampled are too far from the ones vLLM recorded."""
+        """True (and an error in the log) when the trainer's log-probs of the rollouts it could check
+        (sampled by its current or previous weights) are too far from the ones vLLM recorded."""
         gap = stats.get("logprob_gap")
         if gap is None:
             return False

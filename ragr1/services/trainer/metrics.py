@@ -47,7 +47,7 @@ GRAD_NORM = Gauge(
 LOGPROB_GAP = Gauge(
     "ragr1_trainer_logprob_gap_nats",
     "Weight-sync check: |trainer - vLLM| log-prob per generated token of the rollouts sampled at the "
-    "trainer's version, last update where there were any, by stat (mean, max).",
+    "trainer's version or one behind, last update where there were any, by stat (mean, max).",
     ["stat"],
 )
 WEIGHT_SYNC_ALARMS = Counter(

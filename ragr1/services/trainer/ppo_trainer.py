@@ -49,9 +49,10 @@ class Sample:
     behaviour_logprobs: list[float] | None = None
     # The temperature it was sampled at: the trainer's log-probs divide the logits by it.
     temperature: float = 1.0
-    # True when the trainer's current weights are the ones that sampled it (same version): its
-    # log-probs must then match the behaviour ones, which is the weight-sync check.
-    check_sync: bool = False
+    # How many updates the trainer's weights are ahead of the ones that sampled it (0: the same
+    # version); None: unknown. With lag 0, or lag 1 while the updater holds the weights before its last
+    # update, the trainer's log-probs must match the behaviour ones: the weight-sync check.
+    weights_lag: int | None = None
 
 
 @dataclasses.dataclass
@@ -149,6 +150,11 @@ class PPOUpdater:
         self.critic = critic if settings.uses_critic else None
         # Updates taken so far: drives the warm-up and the shuffling seed; saved with the state.
         self.updates = 0
+        # The actor's trainable weights before the last update (on the CPU; the LoRA adapters by default):
+        # with asynchronous rollouts most of a batch was sampled a version behind, and the weight-sync
+        # check compares those under the weights that sampled them. Not saved: after a restart only
+        # rollouts of the current version are checked until the next update.
+        self.previous_actor: dict[str, torch.Tensor] | None = None
         self.parts = [
             _Optimised(
                 "actor",
@@ -223,7 +229,7 @@ class PPOUpdater:
                 if x.behaviour_logprobs is not None:
                     behaviour[i, : len(x.behaviour_logprobs)] = torch.tensor(x.behaviour_logprobs)
             behaviour = torch.where(mask > 0, behaviour, old_logprobs)
-            stats.update(logprob_gap(old_logprobs, behaviour, mask, [x.check_sync for x in samples]))
+            stats.update(self._sync_gap(samples, batch, old_logprobs, behaviour))
         scores = torch.tensor([x.score for x in samples], dtype=torch.float32)
         in_reward = s.kl_penalty == "reward"
         rewards = ppo.token_rewards(scores, mask, kl if in_reward else None, s.kl_coef)
@@ -324,6 +330,26 @@ class PPOUpdater:
         part.optimizer.step()
         return stats
 
+    def _sync_gap(
+        self, samples: Sequence[Sample], batch: Batch, current: torch.Tensor, behaviour: torch.Tensor
+    ) -> dict[str, float]:
+        """The weight-sync gap over the rows sampled by the current weights or, when they are held, by
+        the weights before the last update (their log-probs computed under those)."""
+        trainer = current
+        lagged = [i for i, x in enumerate(samples) if x.weights_lag == 1] if self.previous_actor else []
+        if lagged:
+            assert self.previous_actor is not None
+            held = self.actor.trainable_state()
+            self.actor.load_trainable_state(self.previous_actor)
+            try:
+                previous = self._no_grad(batch.select(lagged), lambda b: self.actor(b).logprobs)
+            finally:
+                self.actor.load_trainable_state(held)
+            trainer = current.clone()
+            trainer[lagged] = previous
+        checked = [x.weights_lag == 0 or i in lagged for i, x in enumerate(samples)]
+        return logprob_gap(trainer, behaviour, batch.mask, checked)
+
     def update(
         self, samples: Sequence[Sample], rank: int = 0, world: int = 1, reduce: Reduce | None = None
     ) -> dict[str, float]:
@@ -333,6 +359,7 @@ class PPOUpdater:
         start = time.perf_counter()
         learning_rates = {f"{p.name}_lr": p.set_learning_rate(self.updates) for p in self.parts}
         prepared = self.prepare(samples)
+        self.previous_actor = {k: v.to("cpu", copy=True) for k, v in self.actor.trainable_state().items()}
         stats = StepStats()
         for part in self.parts:
             part.grad_norms = []
@@ -386,8 +413,9 @@ class PPOUpdater:
 def logprob_gap(
     trainer: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, same_weights: Sequence[bool]
 ) -> dict[str, float]:
-    """The weight-sync check: |trainer - behaviour| log-prob per generated token, over the rows sampled
-    by the weights the trainer holds. Empty when there are none (every rollout was a version behind)."""
+    """The weight-sync check: |trainer - behaviour| log-prob per generated token, over the rows
+    ``same_weights`` marks (``trainer`` holds their log-probs under the weights that sampled them).
+    Empty when there are none."""
     rows = torch.tensor(same_weights, dtype=torch.bool)
     live = mask[rows] > 0
     if not bool(live.any()):
