@@ -346,9 +346,8 @@ class Demo:
         print("\n" + self.rounds_line(), flush=True)
         if rl_steps:
             print("\nRL training batches, per update: mean reward "
-                  + " ".join(f"{s.get('reward_mean', 0.0):.3f}" for s in rl_steps)
-                  + "; exact match " + " ".join(f"{s.get('reward_exact_match', 0.0):.3f}" for s in rl_steps),
-                  flush=True)
+                  + " ".join(f"{s['reward_total']:.3f}" for s in rl_steps)
+                  + "; exact match " + " ".join(f"{s['reward_exact_match']:.3f}" for s in rl_steps), flush=True)
         print("\npaired gains on the same questions (EM, 95% interval):", flush=True)
         for g in gains:
             if g["mode"] != "none":

@@ -335,19 +335,18 @@ class PPOUpdater:
     ) -> dict[str, float]:
         """The weight-sync gap over the rows sampled by the current weights or, when they are held, by
         the weights before the last update (their log-probs computed under those)."""
+        previous = self.previous_actor
+        lagged = [i for i, x in enumerate(samples) if x.weights_lag == 1] if previous is not None else []
         trainer = current
-        lagged = [i for i, x in enumerate(samples) if x.weights_lag == 1] if self.previous_actor else []
-        if lagged:
-            assert self.previous_actor is not None
+        if previous is not None and lagged:
             held = self.actor.trainable_state()
-            self.actor.load_trainable_state(self.previous_actor)
+            self.actor.load_trainable_state(previous)
             try:
-                previous = self._no_grad(batch.select(lagged), lambda b: self.actor(b).logprobs)
+                trainer = current.clone()
+                trainer[lagged] = self._no_grad(batch.select(lagged), lambda b: self.actor(b).logprobs)
             finally:
                 self.actor.load_trainable_state(held)
-            trainer = current.clone()
-            trainer[lagged] = previous
-        checked = [x.weights_lag == 0 or i in lagged for i, x in enumerate(samples)]
+        checked = [x.weights_lag == 0 or (previous is not None and x.weights_lag == 1) for x in samples]
         return logprob_gap(trainer, behaviour, batch.mask, checked)
 
     def update(
@@ -359,7 +358,7 @@ class PPOUpdater:
         start = time.perf_counter()
         learning_rates = {f"{p.name}_lr": p.set_learning_rate(self.updates) for p in self.parts}
         prepared = self.prepare(samples)
-        self.previous_actor = {k: v.to("cpu", copy=True) for k, v in self.actor.trainable_state().items()}
+        self.previous_actor = {k: v.cpu() for k, v in self.actor.trainable_state().items()}  # already copies
         stats = StepStats()
         for part in self.parts:
             part.grad_norms = []
