@@ -22,6 +22,8 @@ class StackConfig:
     max_tokens_per_turn: int = setting(256, "policy: new tokens per generation turn")
     tokens_per_query: int = setting(_LOOP.tokens_per_query, "policy: document tokens per query in <information>")
     max_model_len: int = setting(_LOOP.max_model_len, "policy: context length (prompt + response)")
+    reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's) or f1 "
+                          "(token F1: partial credit, a denser signal for small models)")
     kv_cache_gib: int = setting(2, "policy: GiB of RAM for vLLM's KV cache")
     start_timeout: float = setting(600.0, "seconds a service may take to become healthy")
 

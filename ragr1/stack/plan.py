@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ragr1.services.common import ports
 from ragr1.stack.config import StackConfig
-from ragr1.stack.supervisor import ServiceSpec
+from ragr1.stack.supervisor import ServiceSpec, StackError
 
 HOST = "127.0.0.1"
 
@@ -65,8 +65,14 @@ def retrieval_specs(config: StackConfig, p: Ports, index_dir: Path) -> list[Serv
     return specs
 
 
+# The reward service's weights for each ``--reward`` of the stack.
+REWARD_WEIGHTS = {"em": ["--em-weight", "1", "--f1-weight", "0"], "f1": ["--em-weight", "0", "--f1-weight", "1"]}
+
+
 def reward_spec(config: StackConfig, p: Ports) -> ServiceSpec:
-    return _spec("reward", ["serve", "reward"], p.reward, config)
+    if config.reward not in REWARD_WEIGHTS:
+        raise StackError(f"--reward must be one of {', '.join(REWARD_WEIGHTS)}, got {config.reward!r}")
+    return _spec("reward", ["serve", "reward", *REWARD_WEIGHTS[config.reward]], p.reward, config)
 
 
 def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = True) -> ServiceSpec:

@@ -23,20 +23,25 @@ SOURCES = ("hotpotqa", "musique")
 class Split:
     eval: list[dict[str, Any]]
     train: list[dict[str, Any]]
+    # RL prompts: questions neither SFT nor evaluation saw, the sources taking turns, so that every
+    # update's few prompts mix them (the trainer takes prompts in file order).
+    rl: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def passage_ids(self) -> set[str]:
         """Every paragraph of every question (gold and distractors): the demo's index slice."""
-        return {p["pid"] for r in (*self.eval, *self.train) for p in r["paragraphs"] if p.get("pid")}
+        return {p["pid"] for r in (*self.eval, *self.train, *self.rl) for p in r["paragraphs"] if p.get("pid")}
 
 
 def split_questions(eval_per_source: int, train_per_source: int, allowed: set[str] | None = None,
-                    sources: Sequence[str] = SOURCES) -> Split:
-    """The first questions of each training file go to evaluation, the next to training; yes/no
-    questions are left out.
+                    sources: Sequence[str] = SOURCES, rl_per_source: int = 0) -> Split:
+    """The first questions of each training file go to evaluation, the next to training (SFT), the next to
+    RL; yes/no questions are left out.
 
     ``allowed`` (passage ids) keeps only questions whose supporting passages are all in it.
     """
     split = Split([], [])
+    rl_by_source = []
+    wanted = eval_per_source + train_per_source + rl_per_source
     for source in sources:
         kept = []
         for record in read_jsonl(train_path(source)):
@@ -45,13 +50,15 @@ def split_questions(eval_per_source: int, train_per_source: int, allowed: set[st
                 continue
             if allowed is None or (gold and gold <= allowed):
                 kept.append(record)
-            if len(kept) == eval_per_source + train_per_source:
+            if len(kept) == wanted:
                 break
-        if len(kept) < eval_per_source + train_per_source:
-            raise ValueError(f"{source}: only {len(kept)} questions have their passages in the index; "
-                             f"asked for {eval_per_source} + {train_per_source}")
+        if len(kept) < wanted:
+            raise ValueError(f"{source}: only {len(kept)} usable questions (no yes/no, passages in the index); "
+                             f"asked for {eval_per_source} + {train_per_source} + {rl_per_source}")
         split.eval += kept[:eval_per_source]
-        split.train += kept[eval_per_source:]
+        split.train += kept[eval_per_source:eval_per_source + train_per_source]
+        rl_by_source.append(kept[eval_per_source + train_per_source:])
+    split.rl = [r for turn in zip(*rl_by_source, strict=True) for r in turn]
     return split
 
 

@@ -92,7 +92,8 @@ def plot_training(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, A
     import matplotlib.pyplot as plt
 
     panels = [("SFT loss", sft, "loss"), ("RL reward (mean total)", ppo, "reward_total"),
-              ("RL KL to reference", ppo, "kl"), ("RL clip fraction", ppo, "clip_fraction"),
+              ("RL groups whose rewards differ", ppo, "signal_total"), ("RL KL to reference", ppo, "kl"),
+              ("RL clip fraction", ppo, "clip_fraction"),
               ("log-prob gap trainer vs vLLM", ppo, "logprob_gap")]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3))
     for ax, (title, records, key) in zip(axes, panels, strict=True):

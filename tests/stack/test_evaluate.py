@@ -48,9 +48,12 @@ def test_quantile_interpolates_inside_buckets_as_promql_does() -> None:
 
 
 def test_split_keeps_evaluation_questions_out_of_training() -> None:
-    split = split_questions(3, 5)
-    assert len(split.eval) == 6 and len(split.train) == 10
-    assert not {r["id"] for r in split.eval} & {r["id"] for r in split.train}
+    split = split_questions(3, 5, rl_per_source=2)
+    assert len(split.eval) == 6 and len(split.train) == 10 and len(split.rl) == 4
+    ids = [{r["id"] for r in part} for part in (split.eval, split.train, split.rl)]
+    assert not ids[0] & ids[1] and not ids[0] & ids[2] and not ids[1] & ids[2]
+    # RL prompts alternate between the sources, so that a two-prompt update sees both.
+    assert [r["dataset"] for r in split.rl] == ["hotpotqa", "musique", "hotpotqa", "musique"]
     gold = {p["pid"] for r in split.eval for p in r["paragraphs"] if p["is_supporting"]}
     assert gold <= split.passage_ids()
     narrow = split_questions(1, 1, allowed=split.passage_ids())

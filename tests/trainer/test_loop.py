@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer
-from ragr1.services.trainer.loop import check_rollout, to_sample
+from ragr1.services.trainer.loop import check_rollout, signal_share, to_sample
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
@@ -86,6 +86,13 @@ def test_bad_stale_and_duplicate_rollouts_are_handled_and_training_goes_on(
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_signal_share_counts_the_groups_whose_scores_differ() -> None:
+    assert signal_share([1, 0, 1, 1, 0, 0], ["a", "a", "b", "b", "c", "c"]) == pytest.approx(1 / 3)
+    assert signal_share([0.5, 0.5, 1.0], ["a", "a", "b"]) == 0.0  # b, a group of one, compares nothing
+    with pytest.raises(ValueError, match="no group"):
+        signal_share([1.0, 0.0], ["a", "b"])
+
+
 def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
     redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -100,7 +107,7 @@ def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
             make_rollout("a1", 1, group="A"), make_rollout("b1", 1, group="B"), make_rollout("a2", 1, group="A"),
             # C has a member sampled greedily (dead-lettered): its other member is dropped, never trained.
             make_rollout("c1", 1, group="C"), make_rollout("c2", 1, group="C", temperature=0.0),
-            make_rollout("d1", 1, group="D"), make_rollout("d2", 1, group="D"),
+            make_rollout("d1", 1, group="D"), make_rollout("d2", 1, group="D", score=0.0),
         ],
     )
     loop.rollouts.ensure_group()
@@ -108,6 +115,8 @@ def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
     loop.collect()
     first = loop.train_batch()  # version 2; B is still arriving and waits
     assert sorted(first["rollout_ids"]) == ["a1", "a2", "d1", "d2"]
+    # A's samples scored alike (nothing to learn), D's differ: half the groups carry a signal.
+    assert first["signal_total"] == first["signal_exact_match"] == 0.5 and first["signal_f1"] == 0.0
     # B's second member arrives; E has one member two versions behind (S = 1): E is dropped whole.
     produce(
         redis_client,

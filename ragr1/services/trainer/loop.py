@@ -51,9 +51,13 @@ from ragr1.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 REWARD_PARTS = ("total", "exact_match", "f1", "format", "process")
+# The parts whose group spread is logged: a GRPO group whose members all score the same teaches nothing,
+# so the share of groups with a spread says whether a reward gives RL any signal at all.
+SIGNAL_PARTS = ("total", "exact_match", "f1")
 CURVES = (
     "reward_total",
     "reward_exact_match",
+    "signal_total",
     "policy_loss",
     "value_loss",
     "kl",
@@ -132,6 +136,18 @@ def check_rollout(rollout: common_pb2.Rollout, current_version: int) -> str | No
             "no behaviour distribution to train on"
         )
     return None
+
+
+def signal_share(scores: Sequence[float], groups: Sequence[str]) -> float:
+    """The share of groups (of two or more members) whose members do not all score the same: the groups
+    from which group-relative advantages can learn anything."""
+    members: dict[str, list[float]] = {}
+    for score, group in zip(scores, groups, strict=True):
+        members.setdefault(group, []).append(score)
+    compared = [values for values in members.values() if len(values) > 1]
+    if not compared:
+        raise ValueError("no group of two or more rollouts to compare")
+    return sum(max(v) - min(v) > 1e-9 for v in compared) / len(compared)
 
 
 def to_sample(rollout: common_pb2.Rollout, weights_lag: int | None = None) -> Sample:
@@ -431,6 +447,10 @@ class PPOLoop:
         record: dict[str, Any] = {"step": new_version, "version": new_version, "rollout_ids": ids, **stats}
         for part in REWARD_PARTS:
             record[f"reward_{part}"] = sum(getattr(r.reward, part) for r in rollouts) / len(rollouts)
+        if self.settings.samples_per_prompt > 1:
+            groups = [self._group(r) for r in rollouts]
+            for part in SIGNAL_PARTS:
+                record[f"signal_{part}"] = signal_share([getattr(r.reward, part) for r in rollouts], groups)
         record.update(
             {
                 "staleness_mean": sum(staleness) / len(staleness),
@@ -479,6 +499,9 @@ class PPOLoop:
         metrics.POLICY_VERSION.set(self.version)
         for part in REWARD_PARTS:
             metrics.REWARD.labels(part).set(record[f"reward_{part}"])
+        for part in SIGNAL_PARTS:
+            if f"signal_{part}" in record:
+                metrics.GROUP_SIGNAL.labels(part).set(record[f"signal_{part}"])
         metrics.LOSS.labels("policy").set(record.get("policy_loss", 0.0))
         metrics.LOSS.labels("value").set(record.get("value_loss", 0.0))
         metrics.KL.set(record.get("kl", 0.0))

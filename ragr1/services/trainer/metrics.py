@@ -25,6 +25,11 @@ ROLLOUT_AGE = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 REWARD = Gauge("ragr1_trainer_reward", "Mean reward part of the last update's batch.", ["part"])
+GROUP_SIGNAL = Gauge(
+    "ragr1_trainer_group_signal_ratio",
+    "Share of the last batch's GRPO groups whose members' reward part differs (0: nothing to learn from).",
+    ["part"],
+)
 LOSS = Gauge("ragr1_trainer_loss", "Loss of the last update, by kind (policy, value).", ["kind"])
 KL = Gauge("ragr1_trainer_kl", "Mean KL to the reference policy in the last update.")
 ENTROPY = Gauge("ragr1_trainer_entropy_nats", "Mean policy entropy on generated tokens in the last update.")
