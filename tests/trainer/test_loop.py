@@ -55,6 +55,13 @@ def test_admission_control_keeps_the_staleness_window(
     assert all(t.admitted_at_version == 0 for t in tasks)
     redis_client.hincrby(loop.counters, "settled", 4)  # one batch trained
     assert loop.feed() == 4
+    # Prompts a rollout worker gives up on (dead-lettered) will never bring rollouts: they leave the
+    # window too, or enough of them would stop training for good.
+    worker = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="rollout-workers")
+    worker.ensure_group()
+    for d in worker.consume(2):
+        worker.dead_letter(d.entry_id, {"id": d.message.id, "data": d.message.SerializeToString()}, "retrieval_error")
+    assert loop.feed() == 2
 
 
 def test_bad_stale_and_duplicate_rollouts_are_handled_and_training_goes_on(

@@ -270,9 +270,11 @@ class PPOLoop:
             self.publisher.publish(self.version, path)
 
     def _settled(self) -> int:
-        """Admitted rollouts no longer in flight: trained, dropped, or dead-lettered."""
+        """Admitted rollouts no longer in flight: trained, dropped, dead-lettered, or never to come because
+        a rollout worker dead-lettered their prompt (each of whose samples was admitted)."""
         settled = int(self.redis.hget(self.counters, "settled") or 0)
-        return settled + int(self.redis.xlen(self.rollouts.dead_stream))
+        dead_prompts = int(self.redis.xlen(self.prompts.dead_stream)) * max(1, self.settings.samples_per_prompt)
+        return settled + int(self.redis.xlen(self.rollouts.dead_stream)) + dead_prompts
 
     # -- prompts --------------------------------------------------------------------------------
     def feed(self) -> int:
