@@ -93,6 +93,21 @@ def test_bad_stale_and_duplicate_rollouts_are_handled_and_training_goes_on(
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_a_duplicate_does_not_mark_its_untrained_original_done(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=4)
+    loop.rollouts.ensure_group()
+    produce(redis_client, [make_rollout("a0"), make_rollout("a1"), make_rollout("a0")])  # a0 delivered twice
+    loop._admit(loop.rollouts.consume(10))
+    assert [d.message.id for d in loop._buffer] == ["a0", "a1"]
+    assert not loop.rollouts.is_done("a0")  # the copy is acknowledged, the original still waits
+    # The trainer dies before a0 is trained; its successor re-reads its pending entries and keeps a0.
+    successor = make_loop(redis_client, tiny_model_dir, tmp_path / "successor", batch_size=4)
+    successor._admit(successor.rollouts.consume(10, pending=True))
+    assert [d.message.id for d in successor._buffer] == ["a0", "a1"]
+
+
 def test_signal_share_counts_the_groups_whose_scores_differ() -> None:
     assert signal_share([1, 0, 1, 1, 0, 0], ["a", "a", "b", "b", "c", "c"]) == pytest.approx(1 / 3)
     assert signal_share([0.5, 0.5, 1.0], ["a", "a", "b"]) == 0.0  # b, a group of one, compares nothing

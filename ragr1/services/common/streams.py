@@ -188,8 +188,12 @@ class StreamQueue(Generic[M]):
         return fresh
 
     # -- finishing ------------------------------------------------------------------------------
-    def ack(self, deliveries: Sequence[Delivery[M]], also: Callable[[Any], None] | None = None) -> None:
+    def ack(
+        self, deliveries: Sequence[Delivery[M]], also: Callable[[Any], None] | None = None, *, done: bool = True
+    ) -> None:
         """Acknowledges after the work is durable, and marks the message ids done (for de-duplication).
+        ``done=False`` only acknowledges: for a second copy of a message whose original is still waiting,
+        which must not be skipped as a duplicate if it is re-read after a crash.
 
         ``also(pipe)`` may add the consumer's own writes (e.g. producing the results to another
         stream); they commit in the same MULTI/EXEC transaction as the acknowledgement.
@@ -199,7 +203,7 @@ class StreamQueue(Generic[M]):
             also(pipe)
         if deliveries:
             pipe.xack(self.stream, self.group, *[d.entry_id for d in deliveries])
-            for d in deliveries:
+            for d in deliveries if done else ():
                 pipe.set(self._done_key(d.message.id), 1, ex=self.done_ttl_seconds)
         pipe.execute()
         STREAM_EVENTS.labels(self.stream, "acked").inc(len(deliveries))

@@ -307,9 +307,11 @@ class PPOLoop:
 
     # -- rollouts -------------------------------------------------------------------------------
     def _settle(self, deliveries: Sequence[Delivery[Any]], count: bool = True) -> None:
+        """Acknowledges; ``count=False`` for second copies of buffered rollouts, which were never admitted
+        on their own and whose ids must not be marked done before the originals are trained."""
         n = len(deliveries)
         self.rollouts.ack(
-            deliveries, also=(lambda pipe: pipe.hincrby(self.counters, "settled", n)) if count else None
+            deliveries, also=(lambda pipe: pipe.hincrby(self.counters, "settled", n)) if count else None, done=count
         )
 
     def _group(self, rollout: common_pb2.Rollout) -> str:
