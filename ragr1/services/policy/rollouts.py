@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -51,10 +52,12 @@ def sampling_params(sampling: Sampling) -> common_pb2.SamplingParams:
 
 
 def to_rollout(
-    t: Trajectory, task: common_pb2.PromptTask, tokenizer: Tokenizer, sampling: Sampling
+    t: Trajectory, task: common_pb2.PromptTask, tokenizer: Tokenizer, sampling: Sampling, sample: int = 0
 ) -> common_pb2.Rollout:
     return common_pb2.Rollout(
-        id=uuid.uuid4().hex,
+        # Sample k of a task is "<task id>/k": a prompt that two workers both ran (one was slow and it was
+        # reclaimed) yields the same ids twice, which the trainer de-duplicates instead of training twice.
+        id=f"{task.id}/{sample}" if task.id else uuid.uuid4().hex,
         task_id=task.id,
         group_id=task.group_id or task.id,
         prompt_token_ids=t.prompt_ids,
@@ -103,7 +106,11 @@ async def build_rollouts(
     sampling: Sampling,
 ) -> list[common_pb2.Rollout]:
     """Rollout messages for ``trajectories[i]`` of ``tasks[i]``, scored in one call when a scorer is given."""
-    rollouts = [to_rollout(t, task, tokenizer, sampling) for t, task in zip(trajectories, tasks, strict=True)]
+    samples: Counter[str] = Counter()
+    rollouts = []
+    for t, task in zip(trajectories, tasks, strict=True):
+        rollouts.append(to_rollout(t, task, tokenizer, sampling, sample=samples[task.id]))
+        samples[task.id] += 1
     if scorer is not None and rollouts:
         items = [score_item(r, task, t) for r, task, t in zip(rollouts, tasks, trajectories, strict=True)]
         for rollout, parts in zip(rollouts, await scorer.score(items), strict=True):

@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -240,6 +241,9 @@ class PPOLoop:
             validate=self._validate,
         )
         self.counters = f"ragr1:trainer:{settings.group}"
+        # In every task id this trainer admits: rollout ids derive from task ids and done marks last a week,
+        # so another run on the same Redis must not reuse them (its rollouts would be skipped as duplicates).
+        self.run_id = uuid.uuid4().hex[:8]
         self._buffer: list[Delivery[Any]] = []
         # Groups dropped whole, by reason ("stale", "incomplete"): their later members are dropped too.
         self._dropped: dict[str, str] = {}
@@ -293,7 +297,7 @@ class PPOLoop:
             template = self.tasks[n % len(self.tasks)]
             task = common_pb2.PromptTask()
             task.CopyFrom(template)
-            task.id = f"{template.id}#{n}"
+            task.id = f"{template.id}#{self.run_id}-{n}"
             task.group_id = task.id
             task.num_samples = per_task
             task.admitted_at_version = self.version
