@@ -2,7 +2,8 @@
 
 A recipe in phases over the local stack:
 
-1. **setup**: held-out and training questions (multi-hop, no yes/no), the index, every service;
+1. **setup**: held-out, SFT and RL questions (multi-hop, no yes/no, three disjoint sets), the index, every
+   service;
 2. **evaluate** the base model;
 3. **SFT** (``ragr1 train sft``, format learning), pushed to the policy as version 1, then evaluate;
 4. **RL** (``ragr1 train ppo``) through the real queue: prompts to Redis, rollout workers, rollouts back,
@@ -103,6 +104,8 @@ class Demo:
     def __init__(self, config: DemoConfig) -> None:
         if config.rl_mode not in ("single", "multi"):
             raise StackError(f"--rl-mode must be single or multi, got {config.rl_mode!r}")
+        if config.rl_questions < 1:
+            raise StackError(f"--rl-questions must be at least 1 (RL prompts per source), got {config.rl_questions}")
         plan.reward_spec(config, plan.Ports.of(config))  # an unknown --reward stops the run here
         self.config = config
         self.directory = run_dir(config)

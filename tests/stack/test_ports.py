@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ragr1.services.common.redis_server import free_port
 
 
@@ -26,12 +28,20 @@ def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> 
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
 
 
-def test_an_unknown_reward_stops_the_demo_before_anything_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--reward", "bleu"], "--reward must be one of em, f1, got 'bleu'"),
+        (["--rl-questions", "0"], "--rl-questions must be at least 1"),
+    ],
+)
+def test_bad_rl_settings_stop_the_demo_before_anything_starts(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ragr1", "demo", "--preset", "long", "--reward", "bleu", "--run-dir",
-         str(tmp_path / "run")],
+        [sys.executable, "-m", "ragr1", "demo", "--preset", "long", *flags, "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 1
-    assert "--reward must be one of em, f1, got 'bleu'" in result.stderr
+    assert message in result.stderr
     assert not (tmp_path / "run" / "logs").exists()
