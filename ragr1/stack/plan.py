@@ -1,7 +1,7 @@
 """Which processes make the local stack, with which ports and flags.
 
 Ports come from ``ports.py`` (or are counted from ``--base-port``); each service gets the addresses
-of the ones it calls, so the whole wiring of ARCHITECTURE.md's flow is written here once.
+of the ones it calls, so the whole wiring of the flow in the README's diagram is written here once.
 """
 
 from __future__ import annotations
