@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ragr1.services.common.redis_server import free_port
 from ragr1.stack.supervisor import port_in_use
 from tests.e2e.processes import processes_using_ports
@@ -36,6 +38,12 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     step = report["rl_steps"][0]
     assert list(step["published"].values()) == ["ok"], step
     assert isinstance(step["reward_total"], float) and isinstance(step["kl"], float)
+    assert 0.0 <= step["signal_f1"] <= 1.0  # the share of GRPO groups the reward can teach from
+    # RL prompts are questions neither SFT nor evaluation saw, and the reward the demo chose pays F1.
+    files = {name: Path(report["questions"][f"{name}_file"]) for name in ("eval", "train", "rl")}
+    ids = {name: {json.loads(line)["id"] for line in path.read_text().splitlines()} for name, path in files.items()}
+    assert ids["rl"] and not ids["rl"] & (ids["train"] | ids["eval"])
+    assert step["reward_total"] == pytest.approx(step["reward_f1"])  # the reward service paid F1 alone
     sources = report["config"]["sources"]
     for stage in report["stages"]:
         rows = stage["summaries"]
@@ -56,7 +64,8 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert report["latency"]["retriever"]["Search"]["calls"] > 0
     for plot in report["plots"].values():
         assert Path(plot).stat().st_size > 1000
-    for heading in ("held-out questions", "RL training batches, per update", "paired gains"):
+    for heading in ("held-out questions", "RL training batches (f1 reward), per update",
+                    "GRPO groups whose samples differ", "paired gains"):
         assert heading in result.stdout, result.stdout[-3000:]
 
     ports = [int(s["grpc"].rsplit(":", 1)[1]) for s in endpoints["services"].values()]
