@@ -106,7 +106,6 @@ class Demo:
             raise StackError(f"--rl-mode must be single or multi, got {config.rl_mode!r}")
         if config.rl_questions < 1:
             raise StackError(f"--rl-questions must be at least 1 (RL prompts per source), got {config.rl_questions}")
-        plan.reward_spec(config, plan.Ports.of(config))  # an unknown --reward stops the run here
         self.config = config
         self.directory = run_dir(config)
         self.ports = plan.Ports.of(config)

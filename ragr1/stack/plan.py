@@ -65,8 +65,8 @@ def retrieval_specs(config: StackConfig, p: Ports, index_dir: Path) -> list[Serv
     return specs
 
 
-# The reward service's weights for each ``--reward`` of the stack.
-REWARD_WEIGHTS = {"em": ["--em-weight", "1", "--f1-weight", "0"], "f1": ["--em-weight", "0", "--f1-weight", "1"]}
+# The reward service's flags for each ``--reward`` of the stack; em is the service's own default (RAG-R1's).
+REWARD_WEIGHTS: dict[str, list[str]] = {"em": [], "f1": ["--em-weight", "0", "--f1-weight", "1"]}
 
 
 def reward_spec(config: StackConfig, p: Ports) -> ServiceSpec:

@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ragr1.services.common.redis_server import free_port
 from ragr1.stack.supervisor import port_in_use
 from tests.e2e.processes import processes_using_ports
@@ -39,11 +37,10 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert list(step["published"].values()) == ["ok"], step
     assert isinstance(step["reward_total"], float) and isinstance(step["kl"], float)
     assert 0.0 <= step["signal_f1"] <= 1.0  # the share of GRPO groups the reward can teach from
-    # RL prompts are questions neither SFT nor evaluation saw, and the reward the demo chose pays F1.
+    # RL prompts are questions neither SFT nor evaluation saw.
     files = {name: Path(report["questions"][f"{name}_file"]) for name in ("eval", "train", "rl")}
     ids = {name: {json.loads(line)["id"] for line in path.read_text().splitlines()} for name, path in files.items()}
     assert ids["rl"] and not ids["rl"] & (ids["train"] | ids["eval"])
-    assert step["reward_total"] == pytest.approx(step["reward_f1"])  # the reward service paid F1 alone
     sources = report["config"]["sources"]
     for stage in report["stages"]:
         rows = stage["summaries"]

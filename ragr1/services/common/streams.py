@@ -203,8 +203,9 @@ class StreamQueue(Generic[M]):
             also(pipe)
         if deliveries:
             pipe.xack(self.stream, self.group, *[d.entry_id for d in deliveries])
-            for d in deliveries if done else ():
-                pipe.set(self._done_key(d.message.id), 1, ex=self.done_ttl_seconds)
+            if done:
+                for d in deliveries:
+                    pipe.set(self._done_key(d.message.id), 1, ex=self.done_ttl_seconds)
         pipe.execute()
         STREAM_EVENTS.labels(self.stream, "acked").inc(len(deliveries))
 

@@ -1,0 +1,38 @@
+"""The stack's ``--reward`` reaches the reward service: started with the flags ``plan.reward_spec`` writes,
+a partly right answer is paid its F1 under ``f1`` and nothing under ``em``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragr1.services.common.process import ServiceProcess
+from ragr1.services.common.redis_server import free_port
+from ragr1.services.reward.client import RewardClient
+from ragr1.stack import plan
+from ragr1.stack.config import StackConfig
+from ragr1.stack.supervisor import StackError
+from ragr1.v1 import reward_pb2
+
+RESPONSE = (
+    "<think>Let me search.</think><search>Hamlet author</search>"
+    "<information>Doc 1(Title: Hamlet) a tragedy by William Shakespeare</information>"
+    "<think>Found it.</think><answer>Shakespeare</answer>"
+)
+
+
+@pytest.mark.parametrize("reward", ["em", "f1"])
+def test_the_reward_service_pays_what_the_stack_asked_for(tmp_path: Path, reward: str) -> None:
+    config = StackConfig(reward=reward, base_port=free_port() // 100 * 100)  # ports away from the defaults
+    spec = plan.reward_spec(config, plan.Ports.of(config))
+    with ServiceProcess.ragr1("reward", spec.args, spec.target, tmp_path / "reward.log", start_timeout=60), \
+            RewardClient(spec.target) as client:
+        (scored,) = client.score([reward_pb2.ScoreItem(response=RESPONSE, golden_answers=["William Shakespeare"])])
+    assert scored.exact_match == 0.0 and scored.f1 == pytest.approx(2 / 3)
+    assert scored.total == pytest.approx(scored.f1 if reward == "f1" else 0.0)
+
+
+def test_an_unknown_reward_is_refused_with_the_choices() -> None:
+    with pytest.raises(StackError, match="--reward must be one of em, f1, got 'bleu'"):
+        plan.reward_spec(StackConfig(reward="bleu"), plan.Ports.of(StackConfig()))
