@@ -185,10 +185,6 @@ TRAINER = Dashboard(
             Panel("Reward parts of the last update's batch", [("avg by (part) (ragr1_trainer_reward)", "{{part}}")]),
             Panel("Reward parts scored by the reward service (mean over the window)",
                   [(mean("ragr1_reward_part_score", "part"), "{{part}}")]),
-            Panel("GRPO groups with a reward spread",
-                  [("avg by (part) (ragr1_trainer_group_signal_ratio)", "{{part}}")], unit="percentunit",
-                  description="A group whose samples all score the same gets zero advantage: at 0 the update "
-                              "learns only from the KL term."),
         ]),
         ("Update", [
             Panel("KL to the reference and entropy",
