@@ -71,6 +71,8 @@ class DemoConfig(StackConfig):
     eval_questions: int = setting(10, "held-out questions per source, evaluated in every mode after every stage")
     train_questions: int = setting(26, "SFT questions per source (a single- and a multi-query trajectory each)")
     rl_questions: int = setting(10, "RL prompt questions per source, disjoint from SFT's and evaluation's")
+    rl_sources: list[str] = setting(list, "sources of the RL prompts (empty: --sources; popqa: its birthplaces)",
+                                    factory=True)
     eval_batch: int = setting(32, "questions per Policy.Rollout call when evaluating")
     sft_epochs: int = setting(1, "SFT passes over the trajectories (single- and multi-query of each question)")
     sft_lr: float = setting(5e-5, "SFT learning rate (full fine-tune)")
@@ -78,6 +80,9 @@ class DemoConfig(StackConfig):
     rl_updates: int = setting(2, "RL updates (each: a batch of rollouts through Redis, then a weights push)")
     rl_prompts: int = setting(2, "prompts per RL update")
     rl_samples: int = setting(4, "rollouts per prompt (a GRPO group)")
+    rl_uniform_groups: int = setting(
+        0, "dynamic sampling: groups of equal scores skipped per RL update (0: off, RAG-R1's; the long preset uses it)"
+    )
     rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
     rl_lr: float = setting(1e-4, "RL actor learning rate (LoRA adapters)")
     rl_lora_rank: int = setting(16, "RL LoRA rank (0: full fine-tune)")
@@ -123,7 +128,8 @@ class Demo:
     # -- setup ----------------------------------------------------------------------------------
     def questions(self) -> Split:
         c = self.config
-        split = split_questions(c.eval_questions, c.train_questions, sources=c.sources, rl_per_source=c.rl_questions)
+        split = split_questions(c.eval_questions, c.train_questions, sources=c.sources, rl_per_source=c.rl_questions,
+                                rl_sources=c.rl_sources or None)
         data_dir = self.directory / "data"
         self.eval_file = write_jsonl(split.eval, data_dir / "eval.jsonl")
         self.train_file = write_jsonl(split.train, data_dir / "train.jsonl")
@@ -201,7 +207,8 @@ class Demo:
             c, self.ports, start_checkpoint, self.rl_dir,
             "--prompts-file", str(self.rl_file), "--mode", c.rl_mode, "--start-version", str(start_version),
             "--max-updates", str(c.rl_updates), "--batch-size", str(c.rl_prompts * c.rl_samples),
-            "--samples-per-prompt", str(c.rl_samples), "--advantage", c.rl_advantage,
+            "--samples-per-prompt", str(c.rl_samples), "--max-uniform-groups", str(c.rl_uniform_groups),
+            "--advantage", c.rl_advantage,
             "--actor-lr", str(c.rl_lr), "--lora-rank", str(c.rl_lora_rank),
             "--mini-batch-size", str(c.rl_mini_batch), "--micro-batch-size", str(c.rl_micro_batch),
         )
@@ -360,6 +367,9 @@ class Demo:
                 print("GRPO groups whose samples differ, per update: in F1 "
                       + " ".join(f"{s['signal_f1']:.2f}" for s in rl_steps) + "; in exact match "
                       + " ".join(f"{s['signal_exact_match']:.2f}" for s in rl_steps), flush=True)
+            if self.config.rl_uniform_groups:
+                print("groups skipped for equal scores (dynamic sampling), per update: "
+                      + " ".join(str(s.get("groups_skipped_uniform", 0)) for s in rl_steps), flush=True)
         print("\npaired gains on the same questions (EM, 95% interval):", flush=True)
         for g in gains:
             if g["mode"] != "none":

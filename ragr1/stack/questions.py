@@ -1,14 +1,16 @@
 """The demo's questions: held-out evaluation questions and disjoint training questions, whose supporting
 passages are all in the index the stack serves (so that retrieval can find them).
 
-Multi-hop questions only (HotpotQA, MuSiQue), and no yes/no comparison questions: a constant answer
-must not be able to score (PopQA's occupation questions let "politician" score EM 0.25)."""
+Evaluation and SFT use multi-hop questions (HotpotQA, MuSiQue) by default; RL may add single-hop ones
+(PopQA's birthplaces), as RAG-R1 adds NQ. No yes/no comparison questions and no PopQA occupations: a
+constant answer must not be able to score ("politician" scores EM 0.25 on those)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,32 +34,43 @@ class Split:
         return {p["pid"] for r in (*self.eval, *self.train, *self.rl) for p in r["paragraphs"] if p.get("pid")}
 
 
-def split_questions(eval_per_source: int, train_per_source: int, allowed: set[str] | None = None,
-                    sources: Sequence[str] = SOURCES, rl_per_source: int = 0) -> Split:
-    """The first questions of each training file go to evaluation, the next to training (SFT), the next to
-    RL; yes/no questions are left out.
+# Question types a constant answers too often to be a reward worth learning: a policy paid for PopQA's
+# occupation questions learns to say "politician" (EM 0.25 on them, with no search).
+CONSTANT_PRONE = {"popqa": {"occupation"}}
 
-    ``allowed`` (passage ids) keeps only questions whose supporting passages are all in it.
+
+def _usable(source: str, allowed: set[str] | None) -> Iterator[dict[str, Any]]:
+    """The source's questions in file order, without yes/no or constant-prone ones, and (with ``allowed``,
+    passage ids) only those whose supporting passages are all in it."""
+    for record in read_jsonl(train_path(source)):
+        gold = {p.get("pid") for p in record.get("paragraphs", []) if p.get("is_supporting")}
+        if is_yes_no(record["golden_answers"]) or record.get("type") in CONSTANT_PRONE.get(source, ()):
+            continue
+        if allowed is None or (gold and gold <= allowed):
+            yield record
+
+
+def split_questions(eval_per_source: int, train_per_source: int, allowed: set[str] | None = None,
+                    sources: Sequence[str] = SOURCES, rl_per_source: int = 0,
+                    rl_sources: Sequence[str] | None = None) -> Split:
+    """The first usable questions of each training file go to evaluation, the next to training (SFT), the
+    next to RL. ``rl_sources`` (default: ``sources``) may name other files for RL, as RAG-R1 mixes NQ's
+    single-hop questions into its RL set; a file in both gives RL the questions after SFT's.
     """
     split = Split([], [])
+    rl_sources = list(sources if rl_sources is None else rl_sources)
     rl_by_source = []
-    wanted = eval_per_source + train_per_source + rl_per_source
-    for source in sources:
-        kept = []
-        for record in read_jsonl(train_path(source)):
-            gold = {p.get("pid") for p in record.get("paragraphs", []) if p.get("is_supporting")}
-            if is_yes_no(record["golden_answers"]):
-                continue
-            if allowed is None or (gold and gold <= allowed):
-                kept.append(record)
-            if len(kept) == wanted:
-                break
-        if len(kept) < wanted:
+    for source in dict.fromkeys([*sources, *rl_sources]):
+        first = eval_per_source + train_per_source if source in sources else 0
+        rl = rl_per_source if source in rl_sources else 0
+        kept = list(itertools.islice(_usable(source, allowed), first + rl))
+        if len(kept) < first + rl:
             raise ValueError(f"{source}: only {len(kept)} usable questions (no yes/no, passages in the index); "
-                             f"asked for {eval_per_source} + {train_per_source} + {rl_per_source}")
-        split.eval += kept[:eval_per_source]
-        split.train += kept[eval_per_source:eval_per_source + train_per_source]
-        rl_by_source.append(kept[eval_per_source + train_per_source:])
+                             f"asked for {first} (evaluation and SFT) + {rl} (RL)")
+        split.eval += kept[:min(first, eval_per_source)]
+        split.train += kept[eval_per_source:first]
+        if rl:
+            rl_by_source.append(kept[first:])
     split.rl = [r for turn in zip(*rl_by_source, strict=True) for r in turn]
     return split
 

@@ -291,7 +291,7 @@ def test_network_policies_admit_only_the_flows_of_the_architecture(chart: helm_p
     assert ingress_from(objects, "reward") == {ports.REWARD: {"policy"}, ports.REWARD + ports.METRICS_OFFSET: metrics}
     assert ingress_from(objects, "policy") == {ports.POLICY: {"trainer"}, ports.POLICY + ports.METRICS_OFFSET: metrics}
     assert ingress_from(objects, "trainer") == {ports.TRAINER + ports.METRICS_OFFSET: metrics}
-    assert ingress_from(objects, "redis") == {6379: {"policy", "trainer"}}
+    assert ingress_from(objects, "redis") == {ports.REDIS: {"policy", "trainer"}}
     # Every pod of the release is covered by the default deny and carries the labels the rules select on.
     for (kind, name), owner in objects.items():
         if kind in ("Deployment", "StatefulSet", "Job"):
@@ -326,7 +326,7 @@ def test_credentials_come_from_secrets(chart: helm_python.Chart) -> None:
         assert {"name": "auth", "secret": {"secretName": "ragr1-auth"}} in volumes, component
     policy_env = env(container(objects, "StatefulSet", "policy"))
     assert policy_env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "ragr1-redis", "key": "redis-password"}}
-    assert policy_env["RAGR1_REDIS_URL"] == "redis://:$(REDIS_PASSWORD)@ragr1-redis:6379/0"
+    assert policy_env["RAGR1_REDIS_URL"] == f"redis://:$(REDIS_PASSWORD)@ragr1-redis:{ports.REDIS}/0"
     # A user's own Secret replaces the generated one.
     own = render(chart, {"auth": {"existingSecret": "mine"}})
     assert ("Secret", "ragr1-auth") not in own

@@ -62,6 +62,18 @@ def test_split_keeps_evaluation_questions_out_of_training() -> None:
         split_questions(3, 5, allowed=set())
 
 
+def test_rl_may_draw_on_other_sources_without_constant_prone_questions() -> None:
+    split = split_questions(3, 5, rl_per_source=4, rl_sources=["popqa", "hotpotqa"])
+    assert [r["dataset"] for r in split.eval] == ["hotpotqa"] * 3 + ["musique"] * 3  # evaluation unchanged
+    assert [r["dataset"] for r in split.rl] == ["hotpotqa", "popqa"] * 4
+    # PopQA's occupation questions are left out: "politician" would be paid without a search.
+    assert all(r["type"] != "occupation" for r in split.rl if r["dataset"] == "popqa")
+    alone = split_questions(3, 5, rl_per_source=4)
+    hotpot_rl = [r["id"] for r in split.rl if r["dataset"] == "hotpotqa"]
+    assert hotpot_rl == [r["id"] for r in alone.rl if r["dataset"] == "hotpotqa"]  # after SFT's, as before
+    assert not {r["id"] for r in split.rl} & {r["id"] for r in split.eval + split.train}
+
+
 def test_modes_of_the_eval_command() -> None:
     assert evaluate.parse_modes("both") == ["single", "multi"]
     assert evaluate.parse_modes("all") == ["none", "single", "multi"]

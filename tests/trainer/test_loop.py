@@ -155,6 +155,40 @@ def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
     assert loop.rollouts.pending() == 0  # c1, e1 and e2 were settled without training
 
 
+def test_dynamic_sampling_skips_groups_of_equal_scores_up_to_the_cap(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=4, samples_per_prompt=2, max_uniform_groups=1)
+    skipped_before = REGISTRY.get_sample_value("ragr1_trainer_rollouts_total", {"outcome": "uniform_group"}) or 0.0
+    produce(
+        redis_client,
+        [
+            make_rollout("a1", group="A"), make_rollout("a2", group="A"),  # both 1: nothing to learn
+            make_rollout("d1", group="D"), make_rollout("d2", group="D", score=0.0),
+            make_rollout("g1", group="G", score=0.0), make_rollout("g2", group="G", score=0.0),
+            make_rollout("h1", group="H", score=0.0), make_rollout("h2", group="H", score=0.5),
+        ],
+    )
+    loop.rollouts.ensure_group()
+    loop.prompts.ensure_group()
+    loop.collect()
+    first = loop.train_batch()
+    # A is skipped; G is uniform too but past the cap of one per update, so it is trained like any group.
+    assert sorted(first["rollout_ids"]) == ["d1", "d2", "g1", "g2"]
+    assert first["groups_skipped_uniform"] == 1
+    assert loop.rollouts.is_done("a1") and loop.rollouts.is_done("a2")  # settled, not left pending
+    after = REGISTRY.get_sample_value("ragr1_trainer_rollouts_total", {"outcome": "uniform_group"})
+    assert after == skipped_before + 2
+    # The cap is per update: the next batch may skip again, and H (0 against 0.5) is kept.
+    produce(redis_client, [make_rollout("k1", group="K"), make_rollout("k2", group="K"),
+                           make_rollout("m1", group="M", score=0.0), make_rollout("m2", group="M", score=1.0)])
+    loop.collect()
+    second = loop.train_batch()
+    assert sorted(second["rollout_ids"]) == ["h1", "h2", "m1", "m2"]
+    assert second["groups_skipped_uniform"] == 1 and second["signal_total"] == 1.0
+    assert loop.rollouts.pending() == 0
+
+
 def test_weight_sync_alarm_fires_when_the_behaviour_log_probs_are_not_the_trainers(
     redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -125,6 +125,8 @@ def test_learning_rates_warm_up_over_a_share_of_max_updates(tiny_model_dir: Path
     [
         ({"batch_size": 16, "mini_batch_size": 5}, r"batch_size \(16\) must be a multiple of mini_batch_size \(5\)"),
         ({"advantage": "grpo", "samples_per_prompt": 1}, "advantage=grpo needs samples_per_prompt of at least 2"),
+        ({"max_uniform_groups": 2}, "max_uniform_groups needs samples_per_prompt of at least 2"),
+        ({"max_uniform_groups": -1}, "max_uniform_groups must be at least 0"),
         ({"kl_penalty": "advantage"}, "kl_penalty must be one of"),
         ({"kl_kind": "k2"}, "kl_kind must be one of"),
         ({"actor_warmup_ratio": 1.5}, "actor_warmup_ratio must be within"),

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ragr1.services.common import ports
 from ragr1.services.common.redis_server import RedisServer
 
 
@@ -30,7 +31,7 @@ def _run_redis(args: argparse.Namespace) -> int:
 
 def register(commands: Any, serve: Any) -> None:
     p = commands.add_parser("redis", help="run a local Redis-compatible server for the queue")
-    p.add_argument("--port", type=int, default=6379, help="port (0 picks a free one)")
+    p.add_argument("--port", type=int, default=ports.REDIS, help="port (0 picks a free one)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--data-dir", type=Path, default=None, help="keep the append-only file here")
     p.set_defaults(run=_run_redis)

@@ -14,7 +14,8 @@ TRAINER = 50054
 RETRIEVER_SHARD = 50061
 # Search-R1-compatible HTTP endpoint of the router.
 RETRIEVER_HTTP = 8000
-# The local stack's Redis.
+# The local stack's Redis, and the URL the policy and trainer use when none is given.
 REDIS = 6379
+REDIS_URL = f"redis://127.0.0.1:{REDIS}/0"
 
 METRICS_OFFSET = 1000

@@ -66,7 +66,7 @@ class PolicyConfig(ServerConfig):
     )
     # Rollout-worker mode.
     worker: bool = setting(False, "also consume PromptTasks from Redis and produce scored Rollouts")
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis of the prompts/rollouts streams")
+    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts/rollouts streams")
     worker_group: str = setting("rollout-workers", "consumer group on the prompts stream")
     worker_name: str = setting(
         "", "consumer name, stable per replica (e.g. the pod name) so that a restarted replica resumes its "

@@ -130,7 +130,7 @@ class PPOSettings(ModelSettings):
 @dataclasses.dataclass
 class PPOConfig(PPOSettings, ServerConfig):
     port: int = setting(ports.TRAINER, "gRPC port of the Trainer.Status service; 0 picks a free one")
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis holding the prompts and rollouts streams")
+    redis_url: str = setting(ports.REDIS_URL, "Redis holding the prompts and rollouts streams")
     group: str = setting("trainer", "consumer group on the rollouts stream")
     consumer: str = setting("trainer-0", "consumer name; a restart with the same name resumes its pending")
     prompts_file: str = setting("", "QA JSONL or Search-R1 parquet of prompts; empty = train/hotpotqa")
@@ -140,6 +140,11 @@ class PPOConfig(PPOSettings, ServerConfig):
         1, "rollouts per prompt, trained together in one batch (at least 2 with advantage=grpo)"
     )
     batch_size: int = setting(16, "rollouts per update")
+    max_uniform_groups: int = setting(
+        0,
+        "dynamic sampling (DAPO's): groups whose samples all scored the same are skipped, up to this many per "
+        "update, and more prompts sampled instead; 0 trains every group (RAG-R1's)",
+    )
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
     start_version: int = setting(0, "version the policy serves the starting weights as (1 after a pushed SFT)")
     poll_ms: int = setting(1000, "longest wait for rollouts per read")
@@ -161,7 +166,10 @@ class PPOConfig(PPOSettings, ServerConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name, low in (("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0)):
+        for name, low in (
+            ("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0),
+            ("max_uniform_groups", 0),
+        ):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
         if self.batch_size % self.mini_batch_size:
@@ -177,6 +185,11 @@ class PPOConfig(PPOSettings, ServerConfig):
             raise ValueError(
                 f"advantage=grpo needs samples_per_prompt of at least 2 (got {self.samples_per_prompt}): "
                 "a group of one has no relative advantage"
+            )
+        if self.max_uniform_groups > 0 and self.samples_per_prompt < 2:
+            raise ValueError(
+                f"max_uniform_groups needs samples_per_prompt of at least 2 (got {self.samples_per_prompt}): "
+                "only a group of samples can score uniformly"
             )
         if self.logprob_gap_threshold <= 0:
             raise ValueError(f"logprob_gap_threshold must be positive, got {self.logprob_gap_threshold}")

@@ -16,6 +16,11 @@ Guarantees, and how:
 - **Whole groups.** With ``samples_per_prompt > 1`` a batch holds only complete groups (the samples of
   one prompt, which GRPO compares with each other): a group still arriving waits, and a group with a
   stale or dead-lettered member is dropped whole.
+- **Dynamic sampling** (DAPO's, verl's ``filter_groups``), when ``max_uniform_groups`` > 0: a complete group
+  whose members all scored the same total has a group-relative advantage of zero and teaches nothing, so it
+  is settled without training and the loop collects further groups instead, up to ``max_uniform_groups``
+  per update; past that cap uniform groups are trained as usual (verl stops with an error instead, which on
+  questions too hard for the model would end the run).
 - **Weight-sync check.** For the rollouts sampled at the trainer's own version or one version behind
   (most of a batch when rollouts overlap updates; the updater keeps the weights before its last
   update), the trainer's log-probs under the weights that sampled them must equal the ones vLLM
@@ -100,6 +105,8 @@ class LoopSettings:
     start_version: int = 0
     # Mean |trainer - behaviour| log-prob per generated token (nats) above which the weights differ.
     logprob_gap_threshold: float = 0.1
+    # Dynamic sampling: complete groups of equal scores skipped per update before they are trained anyway.
+    max_uniform_groups: int = 0
 
 
 @dataclasses.dataclass
@@ -249,6 +256,7 @@ class PPOLoop:
         self._dropped: dict[str, str] = {}
         self._warned_top_p = False
         self._queue_seconds = 0.0
+        self._uniform_skipped = 0
 
     # -- state ----------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -391,6 +399,24 @@ class PPOLoop:
             groups.setdefault(self._group(d.message), []).append(d)
         return [members[:size] for members in groups.values() if len(members) >= size]
 
+    def _skip_uniform_groups(self) -> None:
+        """Dynamic sampling: settles, without training, complete groups whose members all scored the same
+        total, while this update's cap allows."""
+        if self.settings.samples_per_prompt <= 1:
+            return
+        for members in self._complete_groups():
+            if self._uniform_skipped >= self.settings.max_uniform_groups:
+                return
+            scores = [d.message.reward.total for d in members]
+            if max(scores) - min(scores) > 1e-9:
+                continue
+            skipped = {id(d) for d in members}
+            self._buffer = [d for d in self._buffer if id(d) not in skipped]
+            self._settle(members)
+            self._uniform_skipped += 1
+            metrics.ROLLOUTS.labels("uniform_group").inc(len(members))
+            log.info("skipped a group of %d rollouts that all scored %.3f (dynamic sampling)", len(members), scores[0])
+
     def _ready(self) -> int:
         return sum(len(g) for g in self._complete_groups())
 
@@ -404,6 +430,7 @@ class PPOLoop:
             wanted = max(s.samples_per_prompt, s.batch_size - self._ready())
             fresh = self.rollouts.consume(wanted, block_ms=s.poll_ms)
             self._admit(fresh)
+            self._skip_uniform_groups()
             self._queue_seconds += time.perf_counter() - start
             metrics.QUEUE_DEPTH.labels(PROMPTS).set(self.prompts.depth())
             metrics.QUEUE_DEPTH.labels(ROLLOUTS).set(self.rollouts.pending())
@@ -469,9 +496,11 @@ class PPOLoop:
                 "checkpoint": str(path),
                 "published": published,
                 "weight_sync_alarm": alarm,
+                "groups_skipped_uniform": self._uniform_skipped,
             }
         )
         self._queue_seconds = 0.0
+        self._uniform_skipped = 0
         self.steps.write(record)
         self._observe(record, path)
         return record

@@ -11,7 +11,7 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 UPDATES = Counter("ragr1_trainer_updates_total", "PPO updates checkpointed.")
 ROLLOUTS = Counter(
     "ragr1_trainer_rollouts_total",
-    "Rollouts consumed, by outcome (trained, stale, duplicate, dead_lettered).",
+    "Rollouts consumed, by outcome (trained, stale, duplicate, incomplete_group, uniform_group).",
     ["outcome"],
 )
 STALENESS = Histogram(

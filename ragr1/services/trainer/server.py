@@ -63,6 +63,7 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
         consumer=config.consumer,
         start_version=config.start_version,
         logprob_gap_threshold=config.logprob_gap_threshold,
+        max_uniform_groups=config.max_uniform_groups,
     )
     return PPOLoop(
         settings,
