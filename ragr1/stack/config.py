@@ -6,6 +6,7 @@ import dataclasses
 
 from ragr1.services.common.config import setting
 from ragr1.services.policy.agent import LoopConfig
+from ragr1.stack.supervisor import RestartPolicy
 
 _LOOP = LoopConfig()
 
@@ -32,3 +33,8 @@ class StackConfig:
 class UpConfig(StackConfig):
     index_passages: int = setting(0, "index the first N corpus passages; 0: the whole shipped corpus")
     trainer: bool = setting(True, "start the PPO trainer too (it trains until stopped)")
+    max_restarts: int = setting(
+        RestartPolicy.max_restarts,
+        f"restarts of a service that dies (with backoff) within {RestartPolicy.window_seconds:.0f} s before the "
+        "stack stops; 0: stop at the first death",
+    )

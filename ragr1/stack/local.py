@@ -13,7 +13,7 @@ from ragr1.models import prepare_policy_model
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig, UpConfig
 from ragr1.stack.index import ensure_index
-from ragr1.stack.supervisor import ServiceSpec, StackError, Supervisor
+from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, StackError, Supervisor
 
 
 def run_dir(config: StackConfig) -> Path:
@@ -66,15 +66,16 @@ def describe(supervisor: Supervisor) -> str:
     return "\n".join(lines)
 
 
-def wait_until_stopped(supervisor: Supervisor, poll_seconds: float = 1.0) -> int:
-    """Blocks until SIGINT/SIGTERM (exit 0) or a service dies (exit 1, with its log pointed to)."""
+def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_seconds: float = 1.0) -> int:
+    """Blocks until SIGINT/SIGTERM (exit 0) or a service that keeps dying (exit 1, with its log pointed
+    to); a service that dies is restarted meanwhile."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(poll_seconds):
-            dead = supervisor.dead()
-            if dead:
-                print(supervisor.describe_death(dead[0]), flush=True)
+            reason = supervisor.watch(restarts)
+            if reason is not None:
+                print(reason, flush=True)
                 return 1
         return 0
     finally:
@@ -83,6 +84,8 @@ def wait_until_stopped(supervisor: Supervisor, poll_seconds: float = 1.0) -> int
 
 
 def up(config: UpConfig) -> int:
+    if config.max_restarts < 0:
+        raise StackError(f"--max-restarts must be at least 0, got {config.max_restarts}")
     directory = run_dir(config)
     ports = plan.Ports.of(config)
     model = policy_model(config)
@@ -93,7 +96,7 @@ def up(config: UpConfig) -> int:
     try:
         print("the stack is up:\n" + describe(supervisor), flush=True)
         print("Ctrl-C stops everything.", flush=True)
-        return wait_until_stopped(supervisor)
+        return wait_until_stopped(supervisor, RestartPolicy(max_restarts=config.max_restarts))
     finally:
         print("stopping …", flush=True)
         supervisor.stop()

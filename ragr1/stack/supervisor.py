@@ -1,9 +1,10 @@
 """Starts a set of services as local processes, in order, and owns them until it stops them.
 
 Every port is checked before anything starts (a port in use stops the command before it starts
-anything half-way); each service's log goes to its own file; a service that dies is named with its
-log; stopping sends SIGTERM in reverse order and kills what does not exit, so no process outlives
-the supervisor.
+anything half-way); each service's log goes to its own file; a service that dies is restarted with
+backoff (``watch``, as compose's ``restart: unless-stopped`` and Kubernetes do), or named with its log
+once it keeps dying; stopping sends SIGTERM in reverse order and kills what does not exit, so no process
+outlives the supervisor.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +41,21 @@ class ServiceSpec:
         return f"{self.host}:{self.port}"
 
 
+@dataclasses.dataclass
+class RestartPolicy:
+    """When a dead service is started again. More than ``max_restarts`` restarts of one service within
+    ``window_seconds`` means it will keep dying: the supervisor gives up (0: give up at the first death)."""
+
+    max_restarts: int = 5
+    window_seconds: float = 600.0
+    # The n-th restart within the window waits first_backoff * 2**(n-1) seconds, at most max_backoff.
+    first_backoff: float = 1.0
+    max_backoff: float = 30.0
+
+    def backoff(self, recent: int) -> float:
+        return float(min(self.max_backoff, self.first_backoff * 2**recent))
+
+
 class StackError(RuntimeError):
     """A service could not start or died; the message names it and its log."""
 
@@ -60,6 +77,9 @@ class Supervisor:
         self.redis_port = redis_port
         self.redis: RedisServer | None = None
         self.processes: dict[str, ServiceProcess] = {}
+        # Per service (redis included): when it was restarted, and when it is due to be (after its backoff).
+        self.restarts: dict[str, list[float]] = {}
+        self._due: dict[str, float] = {}
 
     @property
     def log_dir(self) -> Path:
@@ -130,8 +150,10 @@ class Supervisor:
                 "grpc": spec.target,
                 "metrics": f"http://{spec.host}:{spec.metrics_port}/metrics",
                 "log": str(self.log_dir / f"{spec.name}.log"),
+                "restarts": len(self.restarts.get(spec.name, [])),
                 **spec.extra,
             }
+        out["redis_restarts"] = len(self.restarts.get("redis", []))
         return out
 
     def write_endpoints(self) -> Path:
@@ -148,10 +170,48 @@ class Supervisor:
 
     def describe_death(self, name: str) -> str:
         if name == "redis":
-            return f"redis died; its log is {self.run_dir / 'redis' / 'redis.log'}"
+            return f"redis died; its log is {self._log_path(name)}"
         proc = self.processes[name]
-        code = proc.process.returncode if proc.process else None
-        return f"{name} died (exit code {code}); its log is {proc.log_path}\n{proc.log_tail(1500)}"
+        return f"{name} died (exit code {self._exit_code(name)}); its log is {proc.log_path}\n{proc.log_tail(1500)}"
+
+    def watch(self, policy: RestartPolicy, now: float | None = None) -> str | None:
+        """One look at every process: a dead one is restarted once its backoff has passed; returns why the
+        stack must stop (a service that keeps dying, named with its log) or None."""
+        now = time.monotonic() if now is None else now
+        for name in self.dead():
+            recent = [t for t in self.restarts.get(name, []) if now - t < policy.window_seconds]
+            if len(recent) >= policy.max_restarts:
+                return (f"{self.describe_death(name)}\ngave up: restarted {len(recent)} times in the last "
+                        f"{policy.window_seconds:.0f} s")
+            due = self._due.setdefault(name, now + policy.backoff(len(recent)))
+            if now < due:
+                continue
+            del self._due[name]
+            self.restarts.setdefault(name, []).append(now)
+            print(f"{name} died (exit code {self._exit_code(name)}); restart {len(recent) + 1} of at most "
+                  f"{policy.max_restarts} in {policy.window_seconds:.0f} s; log "
+                  f"{self._log_path(name)}", flush=True)
+            try:
+                self._restart(name)
+            except (RuntimeError, TimeoutError) as exc:  # counted: the next look sees it dead again
+                print(f"{name} did not come back: {exc}", flush=True)
+            self.write_endpoints()
+        return None
+
+    def _restart(self, name: str) -> None:
+        if name == "redis":
+            assert self.redis is not None
+            self.redis.stop()  # a dead process: only forgets it; the append-only file stays in run_dir/redis
+            self.redis.start()
+        else:
+            self.processes[name].launch()  # not waiting for health: a restart that dies is seen next time
+
+    def _exit_code(self, name: str) -> int | None:
+        process = self.redis.process if name == "redis" and self.redis else self.processes[name].process
+        return process.poll() if process is not None else None
+
+    def _log_path(self, name: str) -> Path:
+        return self.run_dir / "redis" / "redis.log" if name == "redis" else self.processes[name].log_path
 
     def stop(self) -> None:
         for name in reversed(list(self.processes)):

@@ -1,20 +1,77 @@
 """The supervisor owns its processes: a started stack used as a context manager is neither started twice
-nor left running (a real Redis and a real reward service)."""
+nor left running; a service that dies is restarted, and one that keeps dying stops the stack (a real
+Redis and a real reward service)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import time
 from pathlib import Path
 
+from ragr1.services.common.process import wait_serving
 from ragr1.services.common.redis_server import free_port
-from ragr1.stack.supervisor import ServiceSpec, Supervisor, port_in_use
+from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor, port_in_use
+
+
+def reward_spec() -> ServiceSpec:
+    port, metrics_port = free_port(), free_port()
+    return ServiceSpec("reward", ["serve", "reward", "--port", str(port), "--metrics-port", str(metrics_port)],
+                       port, metrics_port, start_timeout=120)
 
 
 def test_a_started_stack_in_a_with_block_stops_everything_on_exit(tmp_path: Path) -> None:
-    reward_port, metrics_port, redis_port = free_port(), free_port(), free_port()
-    spec = ServiceSpec("reward", ["serve", "reward", "--port", str(reward_port), "--metrics-port",
-                                  str(metrics_port)], reward_port, metrics_port, start_timeout=120)
+    spec, redis_port = reward_spec(), free_port()
+    reward_port = spec.port
     supervisor = Supervisor(tmp_path, [spec], redis_port).start()
     with supervisor as same:  # must not re-check its own ports and fail, which would orphan them all
         assert same is supervisor and not supervisor.dead()
         assert port_in_use("127.0.0.1", redis_port) and port_in_use("127.0.0.1", reward_port)
     assert not port_in_use("127.0.0.1", redis_port) and not port_in_use("127.0.0.1", reward_port)
+
+
+def watch_until(supervisor: Supervisor, policy: RestartPolicy, done: object, timeout: float = 60.0) -> str | None:
+    """Runs the supervisor's watch until ``done()`` holds or it gives up; returns its reason to stop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reason = supervisor.watch(policy)
+        if reason is not None or done():  # type: ignore[operator]
+            return reason
+        time.sleep(0.1)
+    raise AssertionError("the supervisor neither restarted the service nor gave up in time")
+
+
+def test_a_dead_service_is_restarted_and_one_that_keeps_dying_stops_the_stack(tmp_path: Path) -> None:
+    policy = RestartPolicy(max_restarts=2, window_seconds=600, first_backoff=0.2)
+    spec = reward_spec()
+    with Supervisor(tmp_path, [spec], free_port()) as supervisor:
+        # Redis keeps what it acknowledged across its own restart (append-only file in the run folder).
+        client = supervisor.redis.client()  # type: ignore[union-attr]
+        client.xadd("ragr1:prompts", {"payload": b"kept"})
+        time.sleep(1.5)  # appendfsync everysec
+        client.close()
+        supervisor.redis.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        supervisor.redis.process.wait()  # type: ignore[union-attr]
+        assert watch_until(supervisor, policy, lambda: "redis" not in supervisor.dead()) is None
+        client = supervisor.redis.client()  # type: ignore[union-attr]
+        assert client.xlen("ragr1:prompts") == 1
+        client.close()
+
+        for restart in (1, 2):
+            supervisor.processes["reward"].signal(signal.SIGKILL)
+            supervisor.processes["reward"].process.wait()  # type: ignore[union-attr]
+            assert watch_until(supervisor, policy, lambda: not supervisor.dead()) is None
+            wait_serving(spec.target, 60)  # the same address serves again, nothing else restarted
+            endpoints = json.loads((tmp_path / "endpoints.json").read_text())
+            assert endpoints["services"]["reward"]["restarts"] == restart and endpoints["redis_restarts"] == 1
+        # A third death within the window: the supervisor gives up, naming the service and its log.
+        supervisor.processes["reward"].signal(signal.SIGKILL)
+        supervisor.processes["reward"].process.wait()  # type: ignore[union-attr]
+        reason = watch_until(supervisor, policy, lambda: False)
+        assert reason is not None and "reward died" in reason and "reward.log" in reason
+        assert "gave up: restarted 2 times" in reason
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    policy = RestartPolicy(first_backoff=1.0, max_backoff=5.0)
+    assert [policy.backoff(n) for n in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
