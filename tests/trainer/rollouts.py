@@ -64,10 +64,13 @@ def tiny_settings(**overrides: object) -> PPOSettings:
     return PPOSettings(**values)  # type: ignore[arg-type]
 
 
-def make_loop(redis_client: redis.Redis, model_dir: Path, out: Path, **overrides: int) -> PPOLoop:
-    values = {"batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1}
+def make_loop(redis_client: redis.Redis, model_dir: Path, out: Path, **overrides: int | str) -> PPOLoop:
+    values: dict[str, int | str] = {
+        "batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1,
+        "group": "trainer", "consumer": "trainer-0",
+    }
     values.update(overrides)
-    settings = LoopSettings(group="trainer", consumer="trainer-0", **values)
+    settings = LoopSettings(**values)  # type: ignore[arg-type]
     return PPOLoop(
         settings,
         redis_client,

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +107,22 @@ def test_a_duplicate_does_not_mark_its_untrained_original_done(
     successor = make_loop(redis_client, tiny_model_dir, tmp_path / "successor", batch_size=4)
     successor._admit(successor.rollouts.consume(10, pending=True))
     assert [d.message.id for d in successor._buffer] == ["a0", "a1"]
+
+
+def test_a_trainer_under_a_new_name_trains_what_its_predecessor_left_pending(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    predecessor = make_loop(redis_client, tiny_model_dir, tmp_path / "old", consumer="trainer-old")
+    predecessor.rollouts.ensure_group()
+    produce(redis_client, [make_rollout(f"r{i}") for i in range(4)])
+    assert len(predecessor.rollouts.consume(10)) == 4  # delivered, then the pod is gone before training
+    successor = make_loop(redis_client, tiny_model_dir, tmp_path / "new", consumer="trainer-new", max_updates=1)
+    deadline = threading.Timer(60, successor.stop_event.set)  # without the take-over it would wait for good
+    deadline.start()
+    successor.run()
+    deadline.cancel()
+    assert [sorted(r["rollout_ids"]) for r in successor.steps.read()] == [["r0", "r1", "r2", "r3"]]
+    assert successor.rollouts.pending() == 0
 
 
 def test_signal_share_counts_the_groups_whose_scores_differ() -> None:

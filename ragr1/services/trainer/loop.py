@@ -8,8 +8,9 @@ Guarantees, and how:
   still arrives staler (a slow replica) is dropped, acknowledged and counted.
 - **Nothing trained twice, nothing lost.** A batch is acknowledged only after the checkpoint of the
   update that used it is on disk, and that checkpoint lists every rollout id trained so far. After a
-  crash the restarted trainer (same consumer name) loads the latest checkpoint, re-reads its pending
-  entries, acknowledges the ones the checkpoint already lists, and trains the rest. Duplicates by
+  crash the restarted trainer loads the latest checkpoint, re-reads its pending entries (and takes over
+  those pending under another consumer name, when it comes back under a new one), acknowledges the ones
+  the checkpoint already lists, and trains the rest. Duplicates by
   rollout id (a producer that retried) are acknowledged without training.
 - **Bad rollouts do not stop training.** Length disagreements, versions from the future and greedy
   rollouts (no behaviour distribution) are dead-lettered with the reason by the queue's ``validate`` hook.
@@ -567,8 +568,10 @@ class PPOLoop:
         self.rollouts.ensure_group()
         self.prompts.ensure_group()
         self.resume()
-        # This consumer's delivered-but-unacknowledged entries: the batch a crash interrupted.
+        # This consumer's delivered-but-unacknowledged entries: the batch a crash interrupted; then those of
+        # a predecessor under another name (one trainer per group, so whoever else holds entries is gone).
         self._admit(self.rollouts.consume(max(1000, 4 * self.settings.batch_size), pending=True))
+        self._admit(self.rollouts.take_over())
         self.status.stage = "ppo"
         self.status.policy_version = self.version
         updates = self.settings.max_updates
