@@ -277,18 +277,19 @@ class Demo:
         return out
 
     def gains(self) -> list[dict[str, Any]]:
-        """Per source and search mode: each stage against the one before, on the same questions."""
+        """Per search mode, for every source and for all of them pooled ("all"): each stage against the one
+        before, on the same questions."""
         out = []
         by_stage = {s.stage: s for s in self.stages}
         for earlier, later in itertools.pairwise(STAGES):
             if earlier not in by_stage or later not in by_stage:
                 continue
-            for source in self.config.sources:
+            for source in [*self.config.sources, "all"]:
                 for mode in EVAL_MODES:
                     def scores(stage: str, key: str, source: str = source, mode: str = mode) -> list[float]:
-                        rows = [r for r in by_stage[stage].records if r["data_source"] == source
+                        rows = [r for r in by_stage[stage].records if source in ("all", r["data_source"])
                                 and r["mode"] == mode]
-                        return [float(r[key]) for r in sorted(rows, key=lambda r: r["question"])]
+                        return [float(r[key]) for r in sorted(rows, key=lambda r: (r["data_source"], r["question"]))]
                     em = stats.paired_difference(scores(later, "exact_match"), scores(earlier, "exact_match"))
                     f1 = stats.paired_difference(scores(later, "f1"), scores(earlier, "f1"))
                     out.append({"from": earlier, "to": later, "source": source, "mode": mode,
@@ -370,11 +371,11 @@ class Demo:
             if self.config.rl_uniform_groups:
                 print("groups skipped for equal scores (dynamic sampling), per update: "
                       + " ".join(str(s.get("groups_skipped_uniform", 0)) for s in rl_steps), flush=True)
-        print("\npaired gains on the same questions (EM, 95% interval):", flush=True)
+        print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)
         for g in gains:
             if g["mode"] != "none":
                 print(f"  {g['from']:>4} -> {g['to']:<3} {g['source']:<9} {g['mode']:<6} "
-                      f"{stats.Estimate(**g['exact_match'])}", flush=True)
+                      f"EM {stats.Estimate(**g['exact_match'])}  F1 {stats.Estimate(**g['f1'])}", flush=True)
         print(f"\nreport {path}\nplots  {plots['training']}\n       {plots['latency']}", flush=True)
         print(f"done in {wall_seconds / 60:.1f} min ({', '.join(f'{k} {v / 60:.1f}' for k, v in self.phases.items())})",
               flush=True)

@@ -57,6 +57,8 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
         assert all(r["retrieval_rounds"] == 0 for r in records if r["mode"] == "none")
     assert [b["source"] for b in report["baselines"]] == sources
     assert {(g["from"], g["to"]) for g in report["gains"]} == {("base", "sft"), ("sft", "rl")}
+    assert {g["source"] for g in report["gains"]} == {*sources, "all"}
+    assert all(g["exact_match"]["n"] == len(sources) for g in report["gains"] if g["source"] == "all")
     assert report["sft_steps"] and all(s["loss"] > 0 for s in report["sft_steps"])
     assert report["latency"]["retriever"]["Search"]["calls"] > 0
     for plot in report["plots"].values():

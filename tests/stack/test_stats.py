@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from ragr1.data import read_jsonl, train_path
 from ragr1.stack import stats
+from ragr1.stack.demo import Demo, DemoConfig, StageResult
 from ragr1.stack.questions import split_questions
 
 
@@ -51,3 +53,20 @@ def test_demo_questions_leave_no_room_for_a_constant() -> None:
     # PopQA, which the demo used before, lets one word score a quarter of its occupation questions.
     popqa = [r["golden_answers"] for r in read_jsonl(train_path("popqa"), limit=40)]
     assert stats.best_constant(popqa).exact_match.mean >= 0.2
+
+
+def test_the_demo_pools_paired_gains_over_its_sources(tmp_path: Path) -> None:
+    demo = Demo(DemoConfig(run_dir=str(tmp_path)))
+
+    def records(stage: str, hotpot: list[float], musique: list[float]) -> StageResult:
+        rows = [{"data_source": source, "mode": "single", "question": f"{source} q{i}", "exact_match": score,
+                 "f1": score} for source, scores in (("hotpotqa", hotpot), ("musique", musique))
+                for i, score in enumerate(scores)]
+        # Listed musique first and in reverse, as a stage's records need not come in one order.
+        return StageResult(stage, 1, [], rows[::-1], 0.0)
+
+    demo.stages = [records("sft", [0, 0], [1, 0]), records("rl", [1, 1], [1, 0])]
+    single = {g["source"]: g for g in demo.gains() if g["mode"] == "single"}
+    assert single["hotpotqa"]["exact_match"]["mean"] == 1.0 and single["musique"]["exact_match"]["mean"] == 0.0
+    pooled = single["all"]["exact_match"]
+    assert pooled["n"] == 4 and pooled["mean"] == 0.5  # paired question by question across both sources
