@@ -2,8 +2,8 @@
 passages are all in the index the stack serves (so that retrieval can find them).
 
 Evaluation and SFT use multi-hop questions (HotpotQA, MuSiQue) by default; RL may add single-hop ones
-(PopQA's birthplaces), as RAG-R1 adds NQ. No yes/no comparison questions and no PopQA occupations: a
-constant answer must not be able to score ("politician" scores EM 0.25 on those)."""
+(PopQA's birthplaces), as RAG-R1 adds NQ. No yes/no comparison questions and no ``CONSTANT_PRONE`` types:
+a constant answer must not be able to score."""
 
 from __future__ import annotations
 
@@ -67,8 +67,9 @@ def split_questions(eval_per_source: int, train_per_source: int, allowed: set[st
         if len(kept) < first + rl:
             raise ValueError(f"{source}: only {len(kept)} usable questions (no yes/no, passages in the index); "
                              f"asked for {first} (evaluation and SFT) + {rl} (RL)")
-        split.eval += kept[:min(first, eval_per_source)]
-        split.train += kept[eval_per_source:first]
+        if first:
+            split.eval += kept[:eval_per_source]
+            split.train += kept[eval_per_source:first]
         if rl:
             rl_by_source.append(kept[first:])
     split.rl = [r for turn in zip(*rl_by_source, strict=True) for r in turn]

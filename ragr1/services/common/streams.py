@@ -136,23 +136,25 @@ class StreamQueue(Generic[M]):
             entries += [(eid, fields) for eid, fields in reply[1] if fields is not None]
             if cursor == "0-0":
                 break
-        if entries:
-            STREAM_EVENTS.labels(self.stream, "reclaimed").inc(len(entries))
-        return self._accept(entries, self._delivery_counts([_text(e) for e, _ in entries]))
+        return self._claimed(entries)
 
     def take_over(self, count: int = 1000) -> list[Delivery[M]]:
         """Claims every entry pending under another consumer name of the group, however recently delivered:
         for a group that has one consumer at a time (the trainer), whose successor may come back under a
         new name (a new pod) and must not leave its predecessor's entries pending for good."""
-        rows = self.redis.xpending_range(self.stream, self.group, min="-", max="+", count=count)
-        theirs = [_text(r["message_id"]) for r in rows if _text(r["consumer"]) != self.consumer]
-        if not theirs:
+        rows = [r for r in self.redis.xpending_range(self.stream, self.group, min="-", max="+", count=count)
+                if _text(r["consumer"]) != self.consumer]
+        if not rows:
             return []
-        owners = sorted({_text(r["consumer"]) for r in rows if _text(r["consumer"]) != self.consumer})
-        log.warning("%s: taking over %d entries pending under %s", self.stream, len(theirs), ", ".join(owners))
-        entries = [(eid, fields) for eid, fields in self.redis.xclaim(self.stream, self.group, self.consumer, 0, theirs)
-                   if fields is not None]
-        STREAM_EVENTS.labels(self.stream, "reclaimed").inc(len(entries))
+        owners = ", ".join(sorted({_text(r["consumer"]) for r in rows}))
+        log.warning("%s: taking over %d entries pending under %s", self.stream, len(rows), owners)
+        claimed = self.redis.xclaim(self.stream, self.group, self.consumer, 0, [_text(r["message_id"]) for r in rows])
+        return self._claimed([(eid, fields) for eid, fields in claimed if fields is not None])
+
+    def _claimed(self, entries: Sequence[tuple[Any, Any]]) -> list[Delivery[M]]:
+        """Entries this consumer took from others: counted, then accepted with their delivery counts."""
+        if entries:
+            STREAM_EVENTS.labels(self.stream, "reclaimed").inc(len(entries))
         return self._accept(entries, self._delivery_counts([_text(e) for e, _ in entries]))
 
     def _delivery_counts(self, entry_ids: Sequence[str]) -> dict[str, int]:

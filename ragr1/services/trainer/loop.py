@@ -147,6 +147,11 @@ def check_rollout(rollout: common_pb2.Rollout, current_version: int) -> str | No
     return None
 
 
+def has_spread(scores: Sequence[float]) -> bool:
+    """Whether a group's members scored differently: a group that scored alike gets zero advantage."""
+    return max(scores) - min(scores) > 1e-9
+
+
 def signal_share(scores: Sequence[float], groups: Sequence[str]) -> float:
     """The share of groups (of two or more members) whose members do not all score the same: the groups
     from which group-relative advantages can learn anything."""
@@ -156,7 +161,7 @@ def signal_share(scores: Sequence[float], groups: Sequence[str]) -> float:
     compared = [values for values in members.values() if len(values) > 1]
     if not compared:
         raise ValueError("no group of two or more rollouts to compare")
-    return sum(max(v) - min(v) > 1e-9 for v in compared) / len(compared)
+    return sum(has_spread(v) for v in compared) / len(compared)
 
 
 def to_sample(rollout: common_pb2.Rollout, weights_lag: int | None = None) -> Sample:
@@ -409,7 +414,7 @@ class PPOLoop:
             if self._uniform_skipped >= self.settings.max_uniform_groups:
                 return
             scores = [d.message.reward.total for d in members]
-            if max(scores) - min(scores) > 1e-9:
+            if has_spread(scores):
                 continue
             skipped = {id(d) for d in members}
             self._buffer = [d for d in self._buffer if id(d) not in skipped]
