@@ -227,9 +227,7 @@ class PolicyModel(nn.Module):
             _scatter(torch.cat(logprobs), batch, rows, cols), _scatter(torch.cat(entropy), batch, rows, cols)
         )
 
-    def forward(self, batch: Batch, with_values: bool = False) -> Outputs:
-        # ``with_values`` is ignored: sft.py still passes it (it is being rewritten); drop both together.
-        del with_values
+    def forward(self, batch: Batch) -> Outputs:
         return self._run(self.base(), batch)
 
     @torch.no_grad()

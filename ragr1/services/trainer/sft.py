@@ -63,7 +63,7 @@ class SFTTrainer:
         total = 0.0
         for start in range(0, len(batch), c.micro_batch_size):
             micro = batch.select(range(start, min(len(batch), start + c.micro_batch_size)))
-            out = self.model(micro, with_values=False)
+            out = self.model(micro)
             loss = sft_loss(out.logprobs, micro.mask, denominator)
             loss.backward()
             total += float(loss.detach())
