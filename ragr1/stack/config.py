@@ -26,6 +26,9 @@ class StackConfig:
     reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's) or f1 "
                           "(token F1: partial credit, a denser signal for small models)")
     kv_cache_gib: int = setting(2, "policy: GiB of RAM for vLLM's KV cache")
+    trainer_threads: int = setting(
+        0, "PPO trainer: torch threads; 0: half the cores (the policy's vLLM engine computes on the others)"
+    )
     start_timeout: float = setting(600.0, "seconds a service may take to become healthy")
 
 

@@ -29,9 +29,17 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ragr1.services.trainer import ppo
+from ragr1.services.trainer.config import ModelSettings
 from ragr1.services.trainer.data import TokenSequence
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def init_torch(settings: ModelSettings) -> None:
+    """The process-wide torch state every training run starts from: its seed and its CPU threads."""
+    torch.manual_seed(settings.seed)
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
 
 
 @dataclasses.dataclass

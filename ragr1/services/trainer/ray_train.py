@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ragr1.services.trainer.config import PPOSettings
+from ragr1.services.trainer.model import init_torch
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 
 
@@ -42,7 +43,7 @@ def worker_loop(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     settings = PPOSettings(**config["settings"])
-    torch.manual_seed(settings.seed)
+    init_torch(settings)
     updater = PPOUpdater.build(settings, Path(config["model_dir"]))
     work = Path(config["work_dir"])
     updater.load_state(torch.load(work / "state_in.pt", weights_only=False))

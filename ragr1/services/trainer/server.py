@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def build_updater(config: PPOConfig) -> Updater:
-    import torch
+    from ragr1.services.trainer.model import init_torch
 
-    torch.manual_seed(config.seed)
+    init_torch(config)
     model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
     if config.num_workers > 1:
         from ragr1.services.trainer.ray_train import RayUpdater

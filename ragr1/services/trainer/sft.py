@@ -17,7 +17,7 @@ from ragr1.models import prepare_policy_model
 from ragr1.services.trainer import data, ppo
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import SFTConfig
-from ragr1.services.trainer.model import PolicyModel, collate
+from ragr1.services.trainer.model import PolicyModel, collate, init_torch
 from ragr1.services.trainer.steplog import StepLog
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, denominator: float | No
 class SFTTrainer:
     def __init__(self, config: SFTConfig, model: PolicyModel | None = None) -> None:
         self.config = config
-        torch.manual_seed(config.seed)
+        init_torch(config)
         model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
         self.model = model or PolicyModel(
             model_dir, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, bf16=config.bf16
