@@ -89,8 +89,9 @@ def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = Tr
 
 def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
     """The PPO trainer shares the machine with a vLLM CPU engine that is generating the next batch while
-    the trainer updates: with a thread on every core, the update ran 2.2x slower than with one thread
-    on two cores (bench/trainer_colocation.py). Half the cores each, unless configured."""
+    the trainer updates: with a thread on every core each parallel region waits for the thread that
+    shares vLLM's core, and the update ran 1.8-2.2x slower than with one thread on two cores
+    (bench/trainer_colocation.py). Half the cores each, unless configured."""
     if config.trainer_threads < 0:
         raise StackError(f"--trainer-threads must be 0 (half the cores) or more, got {config.trainer_threads}")
     return config.trainer_threads or max(1, (cores or os.cpu_count() or 2) // 2)

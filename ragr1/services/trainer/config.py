@@ -24,9 +24,8 @@ class ModelSettings:
     max_grad_norm: float = setting(1.0, "gradient clipping by global norm")
     micro_batch_size: int = setting(4, "sequences per forward/backward (gradients accumulate over the batch)")
     seed: int = setting(0, "random seed")
-    # Beside a vLLM CPU engine on the same cores (the local stack), torch's one thread per core makes
-    # every parallel region wait for the thread that shares vLLM's core: 2.2x slower updates on 2 cores
-    # (bench/trainer_colocation.py). The local stack sets this; 0 suits a trainer with cores of its own.
+    # The local stack sets it where the trainer shares its cores with vLLM (stack/plan.trainer_threads
+    # says why); 0 suits a trainer with cores of its own.
     threads: int = setting(0, "torch CPU threads; 0 = one per core (torch's default)")
     output_dir: str = setting("runs/trainer", "checkpoints (v000001, …), steps.jsonl and curves.png go here")
     keep_checkpoints: int = setting(3, "how many recent checkpoint versions to keep on disk")
