@@ -82,13 +82,11 @@ class DemoConfig(StackConfig):
     sft_epochs: int = setting(1, "SFT passes over the trajectories (single- and multi-query of each question)")
     sft_lr: float = setting(5e-5, "SFT learning rate (full fine-tune)")
     sft_micro_batch: int = setting(2, "SFT sequences per forward/backward")
-    rl_updates: int = setting(4, "RL updates (each: a batch of rollouts through Redis, then a weights push)")
+    rl_updates: int = setting(2, "RL updates (each: a batch of rollouts through Redis, then a weights push)")
     rl_prompts: int = setting(2, "prompts per RL update")
     rl_samples: int = setting(4, "rollouts per prompt (a GRPO group)")
-    # RAG-R1 trains every group; here most groups of a 135M model score all 0 (both batches of a default run
-    # without it: no signal at all), and skipping them bought 1.3x the informative groups per RL minute.
     rl_uniform_groups: int = setting(
-        3, "dynamic sampling: groups of equal scores skipped per RL update (0: off, RAG-R1's)"
+        0, "dynamic sampling: groups of equal scores skipped per RL update (0: off, RAG-R1's; the long preset uses it)"
     )
     rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
     rl_lr: float = setting(1e-4, "RL actor learning rate (LoRA adapters)")
