@@ -11,8 +11,9 @@ import torch
 
 from ragr1.cli import build_parser
 from ragr1.services.common.config import from_args
-from ragr1.services.trainer.config import PPOConfig, PPOSettings
+from ragr1.services.trainer.config import PPOConfig, PPOSettings, SFTConfig
 from ragr1.services.trainer.model import init_torch
+from ragr1.services.trainer.sft import SFTTrainer
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
 from ragr1.stack.supervisor import StackError
@@ -47,3 +48,5 @@ def test_training_runs_with_the_configured_threads() -> None:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads must be at least 0, got -2"):
         PPOSettings(threads=-2).validate()
+    with pytest.raises(ValueError, match="threads must be at least 0, got -1"):
+        SFTTrainer(SFTConfig(threads=-1))  # refused before a model is loaded

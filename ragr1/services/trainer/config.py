@@ -15,6 +15,12 @@ from ragr1.services.common.server import ServerConfig
 KL_KINDS = ("k1", "k3")
 
 
+def _check_at_least(settings: object, bounds: tuple[tuple[str, int], ...]) -> None:
+    for name, low in bounds:
+        if getattr(settings, name) < low:
+            raise ValueError(f"{name} must be at least {low}, got {getattr(settings, name)}")
+
+
 @dataclasses.dataclass
 class ModelSettings:
     model_dir: str = setting("", "starting checkpoint (Hugging Face dir); empty = SmolLM2-135M-Instruct")
@@ -29,6 +35,10 @@ class ModelSettings:
     threads: int = setting(0, "torch CPU threads; 0 = one per core (torch's default)")
     output_dir: str = setting("runs/trainer", "checkpoints (v000001, …), steps.jsonl and curves.png go here")
     keep_checkpoints: int = setting(3, "how many recent checkpoint versions to keep on disk")
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first setting out of range, before anything is built."""
+        _check_at_least(self, (("micro_batch_size", 1), ("lora_rank", 0), ("threads", 0)))
 
 
 @dataclasses.dataclass
@@ -111,18 +121,11 @@ class PPOSettings(ModelSettings):
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
-        for name, low in (
-            ("micro_batch_size", 1),
-            ("mini_batch_size", 1),
-            ("ppo_epochs", 1),
-            ("logit_chunk_tokens", 1),
-            ("micro_batch_tokens", 0),
-            ("lora_rank", 0),
+        super().validate()
+        _check_at_least(self, (
+            ("mini_batch_size", 1), ("ppo_epochs", 1), ("logit_chunk_tokens", 1), ("micro_batch_tokens", 0),
             ("max_updates", 0),
-            ("threads", 0),
-        ):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        ))
         for name in ("actor_warmup_ratio", "critic_warmup_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
@@ -170,12 +173,10 @@ class PPOConfig(PPOSettings, ServerConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name, low in (
+        _check_at_least(self, (
             ("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0),
             ("max_uniform_groups", 0),
-        ):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        ))
         if self.batch_size % self.mini_batch_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"

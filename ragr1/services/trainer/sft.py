@@ -30,6 +30,7 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, denominator: float | No
 
 class SFTTrainer:
     def __init__(self, config: SFTConfig, model: PolicyModel | None = None) -> None:
+        config.validate()
         self.config = config
         init_torch(config)
         model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
