@@ -35,6 +35,7 @@ from tqdm import tqdm
 from ragr1.services.common.config import setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
+from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import evaluate, plan, report, stats
@@ -198,10 +199,10 @@ class Demo:
             result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
-        checkpoints = sorted((out / "checkpoints").glob("v*"))
-        if not checkpoints:
+        latest = Checkpointer(out / "checkpoints").latest()
+        if latest is None:
             raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
-        return checkpoints[-1]
+        return policy_dir(latest[0])
 
     def rl(self, supervisor: Supervisor, start_checkpoint: Path, start_version: int) -> int:
         """The trainer as a service of the stack until it has made ``rl_updates`` updates; returns the

@@ -32,7 +32,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer, free_port
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
-from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.v1 import common_pb2, policy_pb2
 from tests.common.pki import write_pki
 from tests.policy.conftest import hotpot_rows
@@ -357,7 +357,7 @@ def test_a_trainer_process_pushes_its_weights_over_tls_with_its_token(
     done = run_trainer(policy, redis_server, policy_model_dir, out, current, policy.client_env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     served = client.weight_version()
-    assert (served.version, served.checkpoint_path) == (current + 1, str(checkpoint))
+    assert (served.version, served.checkpoint_path) == (current + 1, str(policy_dir(checkpoint)))
 
 
 def test_a_trainer_without_the_token_stops_at_once_and_says_why(

@@ -18,7 +18,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
-from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
 from ragr1.services.trainer.loop import check_rollout, signal_share, to_sample
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
@@ -362,7 +362,11 @@ def test_killed_trainer_resumes_and_trains_every_rollout_exactly_once(
     assert set(trained) == {r.id for r in rollouts}
     path, meta = Checkpointer(out / "checkpoints").latest()  # type: ignore[misc]
     assert meta["version"] == 6 and sorted(meta["trained_ids"]) == sorted(trained)
-    assert (path / "config.json").exists() and (path / "model.safetensors").exists()
+    # What the policy is pushed holds the model and nothing of the trainer's (optimiser state is large).
+    served = policy_dir(path)
+    assert (served / "config.json").exists() and (served / "model.safetensors").exists()
+    assert (path / "trainer_state.pt").exists() and not list(served.glob("*.pt"))
+    assert records[-1]["checkpoint"] == str(served) and records[-1]["push_bytes"] == size_bytes(served) > 0
     assert int(redis_client.xpending(ROLLOUTS, "trainer")["pending"]) == 0
     assert (out / "curves.png").exists()
 

@@ -119,7 +119,8 @@ def test_each_update_is_published_to_every_replica_and_a_dead_one_does_not_stop_
         assert run_loop(loop) is None
     assert [u.version for u in policy.updates] == [1, 2]
     for update in policy.updates:
-        assert (Path(update.checkpoint_path) / "model.safetensors").exists()
+        served = Path(update.checkpoint_path)
+        assert (served / "model.safetensors").exists() and not list(served.glob("*.pt"))
     records = loop.steps.read()
     assert [r["published"][live] for r in records] == ["ok", "ok"]
     assert all(r["published"][dead].startswith("UNAVAILABLE") for r in records)

@@ -1,6 +1,7 @@
 """Versioned checkpoints, written atomically.
 
-``<root>/v000007/`` holds a Hugging Face checkpoint the policy loads (config, safetensors, tokenizer),
+``<root>/v000007/`` holds ``policy/``, the Hugging Face checkpoint the policy loads (config, safetensors,
+tokenizer: the only part pushed to the policy, so a replica never reads optimiser state),
 ``trainer_state.pt`` (trainable weights, optimiser) and ``meta.json`` (version, step, and the id of
 every rollout trained on so far, which is how a restarted trainer knows what not to train again).
 Each version is written to a temporary directory in the same folder and renamed into place, so a
@@ -21,11 +22,21 @@ import torch
 
 META = "meta.json"
 STATE = "trainer_state.pt"
+POLICY = "policy"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 
 
 def version_dir(root: Path, version: int) -> Path:
     return Path(root) / f"v{version:06d}"
+
+
+def policy_dir(version_path: Path) -> Path:
+    """The part of a version the policy loads (``Policy.UpdateWeights``, ``--model-dir``)."""
+    return Path(version_path) / POLICY
+
+
+def size_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
 
 
 class Checkpointer:
@@ -53,14 +64,15 @@ class Checkpointer:
         write_policy: Callable[[Path], None],
         trainer_state: dict[str, Any] | None,
     ) -> Path:
-        """Writes version ``version``; ``write_policy(dir)`` saves the model files into the temporary dir."""
+        """Writes version ``version``; ``write_policy(dir)`` saves the model files into ``policy_dir``."""
         self.root.mkdir(parents=True, exist_ok=True)
         target = version_dir(self.root, version)
         if target.exists():
             raise FileExistsError(f"checkpoint {target} already exists; versions only move forward")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=self.root))
         try:
-            write_policy(tmp)
+            policy_dir(tmp).mkdir()
+            write_policy(policy_dir(tmp))
             if trainer_state is not None:
                 torch.save(trainer_state, tmp / STATE)
             (tmp / META).write_text(json.dumps({**meta, "version": version}))
@@ -73,7 +85,8 @@ class Checkpointer:
 
     def load_state(self, path: Path) -> dict[str, Any] | None:
         file = Path(path) / STATE
-        return torch.load(file, weights_only=False) if file.exists() else None
+        # On the CPU: the optimisers move their state to their parameters' device when they load it.
+        return torch.load(file, weights_only=False, map_location="cpu") if file.exists() else None
 
     def _prune(self) -> None:
         for version in self.versions()[: -self.keep]:

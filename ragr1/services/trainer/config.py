@@ -13,6 +13,8 @@ from ragr1.services.common.server import ServerConfig
 
 # The KL estimators ppo.kl_penalty implements (this module stays free of torch: the CLI imports it).
 KL_KINDS = ("k1", "k3")
+# Where the networks train; model.training_device resolves "auto" and checks that a GPU is there.
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def _check_at_least(settings: object, bounds: tuple[tuple[str, int], ...]) -> None:
@@ -33,12 +35,20 @@ class ModelSettings:
     # The local stack sets it where the trainer shares its cores with vLLM (stack/plan.trainer_threads
     # says why); 0 suits a trainer with cores of its own.
     threads: int = setting(0, "torch CPU threads; 0 = one per core (torch's default)")
+    device: str = setting(
+        "auto", "where the networks train: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda"
+    )
+    gradient_checkpointing: bool = setting(
+        False, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute)"
+    )
     output_dir: str = setting("runs/trainer", "checkpoints (v000001, …), steps.jsonl and curves.png go here")
     keep_checkpoints: int = setting(3, "how many recent checkpoint versions to keep on disk")
 
     def validate(self) -> None:
         """Raises ValueError naming the first setting out of range, before anything is built."""
         _check_at_least(self, (("micro_batch_size", 1), ("lora_rank", 0), ("threads", 0)))
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {list(DEVICES)}, got {self.device!r}")
 
 
 @dataclasses.dataclass
@@ -87,6 +97,7 @@ class PPOSettings(ModelSettings):
     logit_chunk_tokens: int = setting(
         1024, "positions per chunk of the vocabulary projection (its [positions x vocab] tensors are the bulk)"
     )
+    # A rollout's update is long sequences at small batch: checkpointing is what fits (README, trainer memory).
     gradient_checkpointing: bool = setting(
         True, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute)"
     )

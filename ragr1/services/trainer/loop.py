@@ -49,7 +49,7 @@ import redis
 
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Delivery, StreamQueue
 from ragr1.services.trainer import metrics
-from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
 from ragr1.services.trainer.data import TokenSequence
 from ragr1.services.trainer.ppo_trainer import Sample
 from ragr1.services.trainer.steplog import StepLog
@@ -280,12 +280,12 @@ class PPOLoop:
         self.status.step = int(meta.get("step", self.version))
         self.status.policy_version = self.version
         self.status.rollouts_trained = len(self.trained)
-        self.status.checkpoint_path = str(path)
+        self.status.checkpoint_path = str(policy_dir(path))
         metrics.POLICY_VERSION.set(self.version)
         log.info("resumed from %s: version %d, %d rollouts trained", path, self.version, len(self.trained))
         if self.publisher is not None:
             # Replicas may have missed the last version when the trainer died; older ones refuse it.
-            self.publisher.publish(self.version, path)
+            self.publisher.publish(self.version, policy_dir(path))
 
     def _settled(self) -> int:
         """Admitted rollouts no longer in flight: trained, dropped, dead-lettered, or never to come because
@@ -474,14 +474,19 @@ class PPOLoop:
             "trained_ids": self.trained_order + ids,
             "time": time.time(),
         }
+        saving = time.perf_counter()
         path = self.checkpoints.save(new_version, meta, self.updater.save_policy, self.updater.state())
+        save_seconds = time.perf_counter() - saving
+        served = policy_dir(path)
         start = time.perf_counter()
         self._settle(batch)
         self._queue_seconds += time.perf_counter() - start
         self.version = new_version
         self.trained.update(ids)
         self.trained_order += ids
-        published = self.publisher.publish(new_version, path) if self.publisher is not None else {}
+        pushing = time.perf_counter()
+        published = self.publisher.publish(new_version, served) if self.publisher is not None else {}
+        push_seconds = time.perf_counter() - pushing
         now = time.time()
         for d in batch:
             metrics.ROLLOUT_AGE.observe(max(0.0, now - _entry_seconds(d.entry_id)))
@@ -499,7 +504,12 @@ class PPOLoop:
                 "queue_seconds": self._queue_seconds,
                 "queue_share": self._queue_seconds
                 / max(1e-9, self._queue_seconds + stats.get("update_seconds", 0.0)),
-                "checkpoint": str(path),
+                "checkpoint": str(served),
+                # What each update costs in weights: written once to the checkpoint volume, then loaded
+                # by every replica (push_seconds waits for them all).
+                "push_bytes": size_bytes(served),
+                "save_seconds": save_seconds,
+                "push_seconds": push_seconds,
                 "published": published,
                 "weight_sync_alarm": alarm,
                 "groups_skipped_uniform": self._uniform_skipped,
@@ -508,7 +518,7 @@ class PPOLoop:
         self._queue_seconds = 0.0
         self._uniform_skipped = 0
         self.steps.write(record)
-        self._observe(record, path)
+        self._observe(record, served)
         return record
 
     def _check_sync(self, stats: dict[str, float]) -> bool:
@@ -586,12 +596,16 @@ class PPOLoop:
             if self._ready() >= self.settings.batch_size:
                 record = self.train_batch()
                 log.info(
-                    "update %d: reward %.3f, clip fraction %.3f, log-prob gap %s, %.0f tokens/s",
+                    "update %d: reward %.3f, clip fraction %.3f, log-prob gap %s, %.0f tokens/s; weights %.1f MB "
+                    "saved in %.1f s, pushed in %.1f s",
                     record["version"],
                     record["reward_total"],
                     record.get("clip_fraction", 0.0),
                     f"{record['logprob_gap']:.4f}" if "logprob_gap" in record else "n/a",
                     record.get("tokens_per_second", 0.0),
+                    record["push_bytes"] / 1e6,
+                    record["save_seconds"],
+                    record["push_seconds"],
                 )
         if updates > 0 and self.version >= limit:
             self.drop_untaken_prompts()

@@ -11,8 +11,13 @@ vocabulary projection runs only on generated positions (inserted ``<information>
 scored), in chunks of ``logit_chunk_tokens`` positions under activation checkpointing, so one chunk's
 logits exist at a time in the forward and the backward; the trunk can checkpoint its layers too.
 
+Devices: the networks live on ``training_device`` (a CUDA GPU when torch sees one); batches are built,
+and everything per token after the networks (losses, advantages, statistics) is computed, on the CPU:
+those tensors are [rows × response tokens], small beside the trunk and the vocabulary projection.
+
 ``save_policy`` writes a plain Hugging Face checkpoint of the served architecture (LoRA merged) that
-the policy service can load; ``trainable_state`` holds what only the trainer needs to resume.
+the policy service can load; ``trainable_state`` holds what only the trainer needs to resume. Both are
+CPU copies, so a checkpoint written on a GPU resumes anywhere.
 """
 
 from __future__ import annotations
@@ -35,11 +40,30 @@ from ragr1.services.trainer.data import TokenSequence
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def init_torch(settings: ModelSettings) -> None:
-    """The process-wide torch state every training run starts from: its seed and its CPU threads."""
+def init_torch(settings: ModelSettings) -> torch.device:
+    """The process-wide torch state every training run starts from: its seed, its CPU threads and the
+    device it trains on (checked here, before any model is loaded)."""
+    device = training_device(settings.device)
     torch.manual_seed(settings.seed)
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
+    return device
+
+
+def training_device(name: str) -> torch.device:
+    """``auto``: the current CUDA GPU when torch sees one, else the CPU. ``cuda`` without a GPU is an
+    error, not a silent fall-back: on a GPU node it means a CPU-only torch or a pod without its GPU."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if name not in ("auto", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device=cuda, but torch {torch.__version__} sees no CUDA GPU (a CPU-only torch build, or no GPU "
+            "visible to this process: check CUDA_VISIBLE_DEVICES and the pod's nvidia.com/gpu); "
+            "use --device cpu or --device auto"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 @dataclasses.dataclass
@@ -55,6 +79,12 @@ class Batch:
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch on ``device`` (itself when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
     def select(self, index: Sequence[int]) -> Batch:
         """The rows ``index``, without the input padding none of them uses (the trunk's cost is
@@ -134,8 +164,8 @@ def _hidden_at(trunk: Any, batch: Batch, rows: torch.Tensor, cols: torch.Tensor)
     return hidden[rows, batch.positions[rows, cols]]
 
 
-def autocast(bf16: bool) -> contextlib.AbstractContextManager[Any]:
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def autocast(bf16: bool, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 def _enable_gradient_checkpointing(network: Any) -> None:
@@ -162,13 +192,17 @@ class PolicyModel(nn.Module):
         bf16: bool = True,
         gradient_checkpointing: bool = False,
         logit_chunk_tokens: int = 1024,
+        device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        # fp32 master weights (AdamW's updates of LoRA adapters or every weight), bf16 compute by autocast.
+        base: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        base.to(self.device)
         self.bf16 = bf16
         self.lora = lora_rank > 0
         self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
@@ -207,16 +241,19 @@ class PolicyModel(nn.Module):
         return [p for p in self.lm.parameters() if p.requires_grad]
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return autocast(self.bf16)
+        return autocast(self.bf16, self.device)
 
     def _run(self, network: Any, batch: Batch) -> Outputs:
-        rows, cols = _generated(batch)
+        """Log-probs and entropy on the CPU (``batch`` is there), computed on the model's device."""
+        cpu_rows, cpu_cols = _generated(batch)
+        on_device = batch.to(self.device)
+        rows, cols = cpu_rows.to(self.device), cpu_cols.to(self.device)
         head = network.get_output_embeddings()
-        targets = batch.response_ids[rows, cols]
-        temperature = batch.temperature[rows]
+        targets = on_device.response_ids[rows, cols]
+        temperature = on_device.temperature[rows]
         logprobs, entropy = [], []
         with self.autocast():
-            hidden = _hidden_at(network.get_decoder(), batch, rows, cols)
+            hidden = _hidden_at(network.get_decoder(), on_device, rows, cols)
 
             def score(h: torch.Tensor, t: torch.Tensor, temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 return ppo.tempered_logprobs_and_entropy(head(h), t, temp)
@@ -231,8 +268,10 @@ class PolicyModel(nn.Module):
         if not logprobs:
             empty = torch.zeros(batch.mask.shape)
             return Outputs(empty, empty.clone())
+        # .cpu() is the identity on the CPU; from a GPU the gradient flows back through the copy.
         return Outputs(
-            _scatter(torch.cat(logprobs), batch, rows, cols), _scatter(torch.cat(entropy), batch, rows, cols)
+            _scatter(torch.cat(logprobs).cpu(), batch, cpu_rows, cpu_cols),
+            _scatter(torch.cat(entropy).cpu(), batch, cpu_rows, cpu_cols),
         )
 
     def forward(self, batch: Batch) -> Outputs:
@@ -254,7 +293,7 @@ class PolicyModel(nn.Module):
         Computed out of place: peft's merge/unmerge would round the frozen base weights (which the
         critic's trunk and the reference share) a little differently each time."""
         if not self.lora:
-            return {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
+            return {k: _cpu_copy(v) for k, v in self.lm.state_dict().items()}
         from peft.tuners.lora import LoraLayer
 
         deltas = {}
@@ -268,7 +307,7 @@ class PolicyModel(nn.Module):
             if "lora_" in key:
                 continue
             key = key.replace(".base_layer.", ".")
-            state[key] = value.detach().clone() + deltas[key] if key in deltas else value.detach().clone()
+            state[key] = _cpu_copy(value + deltas[key] if key in deltas else value)
         return state
 
     def save_policy(self, directory: Path) -> None:
@@ -315,8 +354,9 @@ class ValueModel(nn.Module):
         if actor.gradient_checkpointing:
             _enable_gradient_checkpointing(self.trunk)
         self.bf16 = actor.bf16
+        self.device = actor.device
         # Zero-initialised: every value starts at 0 (the return of an unscored trajectory).
-        self.value_head = nn.Linear(trunk.config.hidden_size, 1)
+        self.value_head = nn.Linear(trunk.config.hidden_size, 1, device=self.device)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
@@ -324,12 +364,12 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """``[B, R]`` values, 0 where the mask is 0."""
+        """``[B, R]`` values on the CPU, 0 where the mask is 0."""
         rows, cols = _generated(batch)
-        with autocast(self.bf16):
-            hidden = _hidden_at(self.trunk, batch, rows, cols)
+        with autocast(self.bf16, self.device):
+            hidden = _hidden_at(self.trunk, batch.to(self.device), rows.to(self.device), cols.to(self.device))
         values = self.value_head(hidden.float()).squeeze(-1)
-        return _scatter(values, batch, rows, cols)
+        return _scatter(values.cpu(), batch, rows, cols)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return trainable_state(self)
@@ -344,8 +384,13 @@ def _named_trainable(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             yield name, param
 
 
+def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
 def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in _named_trainable(module)}
+    """A CPU copy of the trainable weights."""
+    return {k: _cpu_copy(v) for k, v in _named_trainable(module)}
 
 
 def load_trainable_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -29,7 +29,7 @@ from torch import nn
 from ragr1.services.trainer import ppo
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.data import TokenSequence
-from ragr1.services.trainer.model import Batch, PolicyModel, ValueModel, collate, micro_batches
+from ragr1.services.trainer.model import Batch, PolicyModel, ValueModel, collate, micro_batches, training_device
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +179,9 @@ class PPOUpdater:
             )
 
     @classmethod
-    def build(cls, settings: PPOSettings, model_dir: Path) -> PPOUpdater:
-        """The actor (with its reference when there is a KL term) and, for GAE, the critic."""
+    def build(cls, settings: PPOSettings, model_dir: Path, device: torch.device | None = None) -> PPOUpdater:
+        """The actor (with its reference when there is a KL term) and, for GAE, the critic, on ``device``
+        (default: ``settings.device`` resolved)."""
         settings.validate()
         actor = PolicyModel(
             model_dir,
@@ -190,6 +191,7 @@ class PPOUpdater:
             bf16=settings.bf16,
             gradient_checkpointing=settings.gradient_checkpointing,
             logit_chunk_tokens=settings.logit_chunk_tokens,
+            device=device or training_device(settings.device),
         )
         return cls(settings, actor, ValueModel(actor) if settings.uses_critic else None)
 
@@ -358,7 +360,7 @@ class PPOUpdater:
         start = time.perf_counter()
         learning_rates = {f"{p.name}_lr": p.set_learning_rate(self.updates) for p in self.parts}
         prepared = self.prepare(samples)
-        self.previous_actor = {k: v.cpu() for k, v in self.actor.trainable_state().items()}  # already copies
+        self.previous_actor = self.actor.trainable_state()  # a CPU copy
         stats = StepStats()
         for part in self.parts:
             part.grad_norms = []

@@ -3,9 +3,9 @@
 Each worker builds the same actor and critic from the same state, runs the no-gradient passes and
 advantages on the whole batch (identical on every worker; this keeps batch-wide advantage whitening
 and GRPO groups exact), then, mini-batch by mini-batch, takes its share of the rows for the gradient
-passes. Gradients are summed with ``all_reduce`` (gloo on CPUs, NCCL on GPUs) before every optimiser
-step; because every worker's loss is divided by the mini-batch's token count, the sum is the
-one-process gradient, so each step matches a single worker's.
+passes. Gradients are summed with ``all_reduce`` (gloo on CPUs; NCCL on GPUs, one GPU a worker, when
+the settings' device resolves to CUDA) before every optimiser step; because every worker's loss is
+divided by the mini-batch's token count, the sum is the one-process gradient, so each step matches a single worker's.
 
 State goes to the workers and back through files in a temporary directory (they share the machine
 here; on a cluster, point ``tmp_dir`` at shared storage). A TorchTrainer starts per update, which
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from ragr1.services.trainer.config import PPOSettings
-from ragr1.services.trainer.model import init_torch
+from ragr1.services.trainer.model import init_torch, training_device
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 
 
@@ -44,12 +45,21 @@ def worker_loop(config: dict[str, Any]) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     settings = PPOSettings(**config["settings"])
     init_torch(settings)
-    updater = PPOUpdater.build(settings, Path(config["model_dir"]))
+    # Ray Train gives each GPU worker its own GPU (and makes it current); on CPUs this is the CPU.
+    device = ray.train.torch.get_device()
+    updater = PPOUpdater.build(settings, Path(config["model_dir"]), device)
     work = Path(config["work_dir"])
-    updater.load_state(torch.load(work / "state_in.pt", weights_only=False))
+    updater.load_state(torch.load(work / "state_in.pt", weights_only=False, map_location="cpu"))
     samples: list[Sample] = torch.load(work / "batch.pt", weights_only=False)
     ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-    stats = updater.update(samples, rank, world, reduce=lambda t, op: dist.all_reduce(t, op=ops[op]))
+
+    def reduce(tensor: torch.Tensor, op: str) -> None:
+        # NCCL reduces only GPU tensors; the statistics live on the CPU (the identity with gloo).
+        moved = tensor.to(device)
+        dist.all_reduce(moved, op=ops[op])
+        tensor.copy_(moved)
+
+    stats = updater.update(samples, rank, world, reduce=reduce)
     if rank == 0:
         torch.save(updater.state(), work / "state_out.pt")
         (work / "stats.json").write_text(json.dumps(stats))
@@ -68,8 +78,12 @@ def ray_update(
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    gpus = training_device(settings.device).type == "cuda"
     if not ray.is_initialized():
-        ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
+        if os.environ.get("RAY_ADDRESS"):  # a cluster (KubeRay's RayJob sets it): its resources are its own
+            ray.init(log_to_driver=False)
+        else:
+            ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="ray-update-") as work:
         work_dir = Path(work)
         torch.save(state, work_dir / "state_in.pt")
@@ -81,9 +95,9 @@ def ray_update(
                 "model_dir": str(model_dir),
                 "work_dir": str(work_dir),
             },
-            torch_config=TorchConfig(backend="gloo"),
+            torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
             scaling_config=ScalingConfig(
-                num_workers=num_workers, use_gpu=False, resources_per_worker={"CPU": 1}
+                num_workers=num_workers, use_gpu=gpus, resources_per_worker={"CPU": 1, **({"GPU": 1} if gpus else {})}
             ),
             run_config=RunConfig(storage_path=str(work_dir / "ray"), name="ppo-update"),
         )
@@ -100,7 +114,8 @@ class RayUpdater:
         self.settings = settings
         self.model_dir = Path(model_dir)
         self.num_workers = num_workers
-        self.local = PPOUpdater.build(settings, self.model_dir)
+        # The copy checkpoints are written from: on the CPU, the GPUs are the workers'.
+        self.local = PPOUpdater.build(settings, self.model_dir, torch.device("cpu"))
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         start = time.perf_counter()

@@ -15,7 +15,7 @@ from ragr1 import data as shipped
 from ragr1.agent.information import InformationFormat
 from ragr1.models import prepare_policy_model
 from ragr1.services.trainer import data, ppo
-from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
 from ragr1.services.trainer.model import PolicyModel, collate, init_torch
 from ragr1.services.trainer.steplog import StepLog
@@ -32,10 +32,11 @@ class SFTTrainer:
     def __init__(self, config: SFTConfig, model: PolicyModel | None = None) -> None:
         config.validate()
         self.config = config
-        init_torch(config)
+        device = init_torch(config)
         model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
         self.model = model or PolicyModel(
-            model_dir, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, bf16=config.bf16
+            model_dir, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, bf16=config.bf16,
+            gradient_checkpointing=config.gradient_checkpointing, device=device,
         )
         self.optimizer = torch.optim.AdamW(self.model.actor_parameters(), lr=config.lr, weight_decay=0.0)
 
@@ -77,7 +78,7 @@ class SFTTrainer:
         sequences: Sequence[data.TokenSequence] | None = None,
         on_step: Callable[[dict[str, float]], None] | None = None,
     ) -> Path:
-        """Trains for ``epochs`` and writes one checkpoint the policy can load."""
+        """Trains for ``epochs`` and writes one checkpoint; returns the directory the policy loads."""
         c = self.config
         sequences = list(sequences if sequences is not None else self.build_sequences())
         if not sequences:
@@ -111,4 +112,4 @@ class SFTTrainer:
             version, {"stage": "sft", "step": step, "trained_ids": []}, self.model.save_policy, None
         )
         steps.plot(out / "sft_curves.png", ["loss", "tokens_per_second"])
-        return path
+        return policy_dir(path)
