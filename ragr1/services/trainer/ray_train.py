@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ragr1.services.trainer.config import PPOSettings
-from ragr1.services.trainer.model import init_torch, training_device
+from ragr1.services.trainer.model import init_torch
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 
 
@@ -78,12 +78,15 @@ def ray_update(
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    gpus = training_device(settings.device).type == "cuda"
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):  # a cluster (KubeRay's RayJob sets it): its resources are its own
             ray.init(log_to_driver=False)
         else:
             ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
+    # The workers' GPUs, not the driver's: a KubeRay head often has none while its workers do.
+    gpus = settings.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+    if settings.device == "cuda" and not gpus:
+        raise ValueError("device=cuda, but the Ray cluster has no GPU for the workers; use --device cpu or auto")
     with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="ray-update-") as work:
         work_dir = Path(work)
         torch.save(state, work_dir / "state_in.pt")
