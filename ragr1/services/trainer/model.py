@@ -34,20 +34,17 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ragr1.services.trainer import ppo
-from ragr1.services.trainer.config import ModelSettings
+from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def init_torch(settings: ModelSettings) -> torch.device:
-    """The process-wide torch state every training run starts from: its seed, its CPU threads and the
-    device it trains on (checked here, before any model is loaded)."""
-    device = training_device(settings.device)
+def init_torch(settings: ModelSettings) -> None:
+    """The process-wide torch state every training run starts from: its seed and its CPU threads."""
     torch.manual_seed(settings.seed)
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
-    return device
 
 
 def training_device(name: str) -> torch.device:
@@ -55,8 +52,8 @@ def training_device(name: str) -> torch.device:
     error, not a silent fall-back: on a GPU node it means a CPU-only torch or a pod without its GPU."""
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    if name not in ("auto", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
+    if name not in DEVICES:
+        raise ValueError(f"device must be one of {list(DEVICES)}, got {name!r}")
     if not torch.cuda.is_available():
         raise ValueError(
             f"device=cuda, but torch {torch.__version__} sees no CUDA GPU (a CPU-only torch build, or no GPU "

@@ -65,6 +65,23 @@ def worker_loop(config: dict[str, Any]) -> None:
         (work / "stats.json").write_text(json.dumps(stats))
 
 
+def connect(settings: PPOSettings, num_workers: int) -> bool:
+    """Joins the Ray cluster at ``RAY_ADDRESS`` (KubeRay's RayJob sets it), or starts one of
+    ``num_workers`` CPUs here; returns whether the workers train on GPUs. The workers' GPUs, not this
+    process's, decide: a KubeRay head often has none while its workers do."""
+    import ray
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=False)
+        else:
+            ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
+    gpus = settings.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+    if settings.device == "cuda" and not gpus:
+        raise ValueError("device=cuda, but the Ray cluster has no GPU for the workers; use --device cpu or auto")
+    return bool(gpus)
+
+
 def ray_update(
     settings: PPOSettings,
     model_dir: Path,
@@ -74,19 +91,10 @@ def ray_update(
     tmp_dir: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Runs one update on ``num_workers`` Ray Train workers; returns the new state and the stats."""
-    import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):  # a cluster (KubeRay's RayJob sets it): its resources are its own
-            ray.init(log_to_driver=False)
-        else:
-            ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
-    # The workers' GPUs, not the driver's: a KubeRay head often has none while its workers do.
-    gpus = settings.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
-    if settings.device == "cuda" and not gpus:
-        raise ValueError("device=cuda, but the Ray cluster has no GPU for the workers; use --device cpu or auto")
+    gpus = connect(settings, num_workers)
     with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="ray-update-") as work:
         work_dir = Path(work)
         torch.save(state, work_dir / "state_in.pt")

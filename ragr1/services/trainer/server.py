@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
-import torch
 
 from ragr1 import data as shipped
 from ragr1.models import prepare_policy_model
@@ -16,7 +16,7 @@ from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
 from ragr1.services.trainer.loop import LoopSettings, PPOLoop, Status, Updater
-from ragr1.services.trainer.model import init_torch
+from ragr1.services.trainer.model import init_torch, training_device
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
@@ -26,20 +26,28 @@ from ragr1.v1 import trainer_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def build_updater(config: PPOConfig, device: torch.device) -> Updater:
-    model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
-    if config.num_workers > 1:
-        from ragr1.services.trainer.ray_train import RayUpdater
+def place(config: PPOConfig) -> Callable[[], Updater]:
+    """Checks where the update will run, before anything else starts (one process: this machine's
+    device; Ray workers: the cluster's GPUs), and returns what builds the updater there."""
+    init_torch(config)
 
-        return RayUpdater(config, model_dir, config.num_workers)
-    return PPOUpdater.build(config, model_dir, device)
+    def model_dir() -> Path:
+        return Path(config.model_dir) if config.model_dir else prepare_policy_model()
+
+    if config.num_workers > 1:
+        from ragr1.services.trainer.ray_train import RayUpdater, connect
+
+        connect(config, config.num_workers)
+        return lambda: RayUpdater(config, model_dir(), config.num_workers)
+    device = training_device(config.device)
+    return lambda: PPOUpdater.build(config, model_dir(), device)
 
 
 def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
     """Everything checked before any training: the settings and the device, the prompts file, Redis, that
     the policy replicas take the trainer's credentials, the model."""
     config.validate()
-    device = init_torch(config)
+    build_updater = place(config)
     if config.max_updates == 0 and (config.actor_warmup_ratio > 0 or config.critic_warmup_ratio > 0):
         log.warning("max_updates is 0 (train until stopped): the learning rates start at full, without warm-up")
     prompts = Path(config.prompts_file) if config.prompts_file else shipped.train_path("hotpotqa")
@@ -69,7 +77,7 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
         settings,
         client,
         tasks,
-        build_updater(config, device),
+        build_updater(),
         Checkpointer(out / "checkpoints", config.keep_checkpoints),
         StepLog(out / "steps.jsonl"),
         publisher,

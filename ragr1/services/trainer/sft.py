@@ -17,7 +17,7 @@ from ragr1.models import prepare_policy_model
 from ragr1.services.trainer import data, ppo
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
-from ragr1.services.trainer.model import PolicyModel, collate, init_torch
+from ragr1.services.trainer.model import PolicyModel, collate, init_torch, training_device
 from ragr1.services.trainer.steplog import StepLog
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,8 @@ class SFTTrainer:
     def __init__(self, config: SFTConfig, model: PolicyModel | None = None) -> None:
         config.validate()
         self.config = config
-        device = init_torch(config)
+        init_torch(config)
+        device = training_device(config.device)  # before a model is loaded
         model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
         self.model = model or PolicyModel(
             model_dir, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, bf16=config.bf16,
