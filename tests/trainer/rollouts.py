@@ -11,7 +11,7 @@ import redis
 from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOSettings
-from ragr1.services.trainer.loop import LoopSettings, PPOLoop
+from ragr1.services.trainer.loop import LoopSettings, PPOLoop, Updater
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import common_pb2
@@ -64,7 +64,10 @@ def tiny_settings(**overrides: object) -> PPOSettings:
     return PPOSettings(**values)  # type: ignore[arg-type]
 
 
-def make_loop(redis_client: redis.Redis, model_dir: Path, out: Path, **overrides: int | str) -> PPOLoop:
+def make_loop(
+    redis_client: redis.Redis, model_dir: Path, out: Path, updater: Updater | None = None, **overrides: int | str
+) -> PPOLoop:
+    """A loop on the tiny model; ``updater`` defaults to one process with two mini-batches per update."""
     values: dict[str, int | str] = {
         "batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1,
         "group": "trainer", "consumer": "trainer-0",
@@ -75,7 +78,7 @@ def make_loop(redis_client: redis.Redis, model_dir: Path, out: Path, **overrides
         settings,
         redis_client,
         _tasks(),
-        PPOUpdater.build(tiny_settings(mini_batch_size=2), model_dir),
+        updater or PPOUpdater.build(tiny_settings(mini_batch_size=2), model_dir),
         Checkpointer(out / "checkpoints", keep=10),
         StepLog(out / "steps.jsonl"),
     )

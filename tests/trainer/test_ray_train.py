@@ -1,43 +1,97 @@
-"""The Ray Train path: 2 CPU workers take the same update as 1 process on the same batch (mini-batch
-steps of the actor and of the separate critic, each mini-batch's rows split between the workers).
-Slow (~1 min: Ray start-up)."""
+"""The Ray Train path: 2 CPU workers (gloo) on one worker group for the whole run take the same updates as
+1 process, through the queue loop on a real Redis, FSDP-sharded and as whole copies.
+Slow (~1 min each: Ray's start-up, once per run)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 import torch
 
-from ragr1.services.trainer.loop import to_sample
+from ragr1.services.trainer.checkpoint import Checkpointer, version_dir
+from ragr1.services.trainer.loop import Updater, to_sample
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
-from ragr1.services.trainer.ray_train import ray_update
-from tests.trainer.rollouts import make_rollout, tiny_settings
+from ragr1.services.trainer.ray_train import RayUpdater
+from ragr1.v1 import common_pb2
+from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_settings
+
+UPDATES, BATCH = 3, 6
+
+
+def _rollouts() -> list[common_pb2.Rollout]:
+    # Scores 0, 1, 2 in every batch (something to learn); lengths differ, so the workers' shares differ.
+    return [make_rollout(f"r{i}", score=float(i % 3), seed=i, generated=3 + i % 4) for i in range(UPDATES * BATCH)]
+
+
+def _train(redis_client: redis.Redis, model_dir: Path, out: Path, updater: Updater) -> list[dict[str, object]]:
+    """UPDATES updates through the loop on the same rollouts; returns the steps it logged."""
+    redis_client.flushall()
+    produce(redis_client, _rollouts())
+    loop = make_loop(
+        redis_client, model_dir, out, updater, batch_size=BATCH, max_updates=UPDATES, max_staleness=UPDATES
+    )
+    assert loop.run() == UPDATES
+    return [dict(step) for step in loop.steps.read()]
+
+
+def _assert_same(expected: dict[str, Any], got: dict[str, Any], start: dict[str, Any]) -> None:
+    for model in ("actor", "critic"):
+        moved = 0.0
+        for name, value in expected[model].items():
+            assert torch.allclose(got[model][name], value, atol=1e-5, rtol=1e-4), f"{model}: {name}"
+            moved = max(moved, float((value - start[model][name]).abs().max()))
+        assert moved > 1e-4, f"the updates did not change the {model}; the comparison would be vacuous"
 
 
 @pytest.mark.slow
-def test_two_ray_workers_take_the_same_update_as_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sharding, lora_rank", [("fsdp", 4), ("replicate", 0)])
+def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
+    sharding: str, lora_rank: int, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     import ray
 
-    # 6 rollouts in 3 mini-batches of 2: three clipped steps of each model, one row per worker each.
-    settings = tiny_settings(actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=2, micro_batch_size=1, seed=3)
-    samples = [to_sample(make_rollout(f"r{i}", score=float(i % 3), seed=i, generated=4 + i)) for i in range(6)]
+    # Mini-batches of 3 rows: 2 for one worker and 1 for the other, one row per micro-batch, so the
+    # FSDP workers run unequal numbers of passes (the short one pads); a critic and a KL reference too.
+    settings = tiny_settings(
+        actor_lr=1e-3, critic_lr=1e-3, mini_batch_size=3, micro_batch_size=1, seed=3, lora_rank=lora_rank,
+        sharding=sharding, max_updates=UPDATES,
+    )
     torch.manual_seed(settings.seed)
     single = PPOUpdater.build(settings, tiny_model_dir)
     start = single.state()
-    expected = single.update(samples)
-    assert expected["actor_steps"] == 3 and expected["critic_steps"] == 3
+    expected = _train(redis_client, tiny_model_dir, tmp_path / "one", single)
+    trained = single.state()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        state, stats = ray_update(settings, tiny_model_dir, start, samples, num_workers=2, tmp_dir=tmp_path)
+        torch.manual_seed(settings.seed)
+        workers = RayUpdater(settings, tiny_model_dir, num_workers=2, tmp_dir=tmp_path)
+        try:
+            got = _train(redis_client, tiny_model_dir, tmp_path / "ray", workers)
+            _assert_same(trained, workers.state(), start)
+            # One worker group served the start state and every update: rank 0 is the same process.
+            assert workers.sharded == (sharding == "fsdp")
+            # A resume: the state after the first update (AdamW's moments included) loaded into the
+            # running workers, then the second batch again, must give the second update's weights.
+            checkpoints = tmp_path / "one" / "checkpoints"
+            after_first = Checkpointer(checkpoints).load_state(version_dir(checkpoints, 1))
+            assert after_first is not None and after_first["actor_optimizer"]["state"]
+            second = [to_sample(rollout) for rollout in _rollouts()[BATCH : 2 * BATCH]]
+            for updater in (single, workers):
+                updater.load_state(after_first)
+                updater.update(second)
+            _assert_same(single.state(), workers.state(), after_first)
+            # One worker group served the start state, every update and the resume: rank 0 is one process.
+            assert len(workers.worker_pids) == 1
+        finally:
+            workers.close()
+        assert not workers.group.thread.is_alive()
     finally:
         ray.shutdown()
-    for model in ("actor", "critic"):
-        moved = 0.0
-        for name, value in single.state()[model].items():
-            assert torch.allclose(state[model][name], value, atol=1e-5, rtol=1e-4), f"{model}: {name}"
-            moved = max(moved, float((value - start[model][name]).abs().max()))
-        assert moved > 1e-4, f"the update did not change the {model}; the comparison would be vacuous"
-    assert stats["reward_mean"] == pytest.approx(expected["reward_mean"])
-    for key in ("policy_loss", "value_loss", "clip_fraction", "ratio_max", "ratio_min", "approx_kl"):
-        assert stats[key] == pytest.approx(expected[key], rel=1e-3, abs=1e-5), key
+    assert [s["version"] for s in got] == [s["version"] for s in expected] == [1, 2, 3]
+    for one, two in zip(expected, got, strict=True):
+        assert one["actor_steps"] == two["actor_steps"] == 2
+        for key in ("reward_mean", "policy_loss", "value_loss", "clip_fraction", "ratio_max", "approx_kl", "kl"):
+            assert two[key] == pytest.approx(one[key], rel=1e-3, abs=1e-5), key

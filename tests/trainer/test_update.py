@@ -129,6 +129,7 @@ def test_learning_rates_warm_up_over_a_share_of_max_updates(tiny_model_dir: Path
         ({"max_uniform_groups": -1}, "max_uniform_groups must be at least 0"),
         ({"kl_penalty": "advantage"}, "kl_penalty must be one of"),
         ({"kl_kind": "k2"}, "kl_kind must be one of"),
+        ({"sharding": "zero3"}, r"sharding must be one of \['fsdp', 'replicate'\], got 'zero3'"),
         ({"actor_warmup_ratio": 1.5}, "actor_warmup_ratio must be within"),
         ({"micro_batch_tokens": -1}, "micro_batch_tokens must be at least 0"),
     ],

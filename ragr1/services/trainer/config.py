@@ -15,6 +15,7 @@ from ragr1.services.common.server import ServerConfig
 KL_KINDS = ("k1", "k3")
 # Where the networks train; model.training_device resolves "auto" and checks that a GPU is there.
 DEVICES = ("auto", "cpu", "cuda")
+SHARDINGS = ("fsdp", "replicate")
 
 
 def _check_at_least(settings: object, bounds: tuple[tuple[str, int], ...]) -> None:
@@ -114,6 +115,11 @@ class PPOSettings(ModelSettings):
     advantage: str = setting("gae", "gae (critic) or grpo (group-relative, no critic)")
     whiten_advantages: bool = setting(True, "normalise GAE advantages over the batch")
     tis_cap: float = setting(2.0, "truncation of the behaviour importance weight (decoupled PPO)")
+    sharding: str = setting(
+        "fsdp",
+        "how Ray workers (num_workers > 1) hold the models: fsdp (each a shard of the weights, gradients and "
+        "optimiser state, as verl runs RAG-R1) or replicate (each a whole copy, gradients all-reduced)",
+    )
 
     @property
     def uses_critic(self) -> bool:
@@ -129,6 +135,7 @@ class PPOSettings(ModelSettings):
             ("advantage", ("gae", "grpo")),
             ("kl_penalty", ("reward", "loss")),
             ("kl_kind", KL_KINDS),
+            ("sharding", SHARDINGS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")

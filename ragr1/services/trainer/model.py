@@ -27,13 +27,13 @@ import copy
 import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ragr1.services.trainer import ppo
+from ragr1.services.trainer import fsdp, ppo
 from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
 
@@ -170,8 +170,10 @@ def _enable_gradient_checkpointing(network: Any) -> None:
     network.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-@dataclasses.dataclass
-class Outputs:
+class Outputs(NamedTuple):
+    """A named tuple, not a dataclass: FSDP finds the tensors a root module returns (to gather its
+    weights again for their backward) in the containers torch's pytree knows."""
+
     logprobs: torch.Tensor  # [B, R], 0 where the mask is 0
     entropy: torch.Tensor  # [B, R], 0 where the mask is 0
 
@@ -271,17 +273,28 @@ class PolicyModel(nn.Module):
             _scatter(torch.cat(entropy).cpu(), batch, cpu_rows, cpu_cols),
         )
 
-    def forward(self, batch: Batch) -> Outputs:
-        return self._run(self.base(), batch)
-
-    @torch.no_grad()
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch, reference: bool = False) -> Outputs:
+        """The actor's outputs, or the reference policy's. Both go through ``forward`` so that FSDP's
+        hooks on this root module gather its parameters for either (``fsdp``)."""
+        if not reference:
+            return self._run(self.base(), batch)
         if self.reference is not None:
-            return self._run(self.reference, batch).logprobs
+            return self._run(self.reference, batch)
         if not self.lora:
             raise ValueError("no reference policy: build the model with with_reference=True or LoRA")
         with self.lm.disable_adapter():  # type: ignore[operator]
-            return self._run(self.base(), batch).logprobs
+            return self._run(self.base(), batch)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self(batch, reference=True).logprobs
+
+    def shard(self) -> None:
+        """FSDP: each decoder layer (the reference's too) a unit, this module the root."""
+        layers = list(self.base().get_decoder().layers)
+        if self.reference is not None:
+            layers += list(self.reference.get_decoder().layers)  # type: ignore[operator]
+        fsdp.shard(self, layers)
 
     # -- saving ---------------------------------------------------------------------------------
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
@@ -357,6 +370,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
+    def shard(self) -> None:
+        fsdp.shard(self, list(self.trunk.layers))  # type: ignore[arg-type]
+
     def critic_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -382,7 +398,8 @@ def _named_trainable(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
 
 
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
+    """A plain CPU copy; a sharded (FSDP) tensor is gathered whole first, a collective."""
+    return fsdp.full(tensor.detach()).to("cpu", copy=True)
 
 
 def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -397,4 +414,4 @@ def load_trainable_state(module: nn.Module, state: dict[str, torch.Tensor]) -> N
         raise ValueError(f"trainer state lacks {len(missing)} parameters, e.g. {missing[:3]}")
     with torch.no_grad():
         for name, param in params.items():
-            param.copy_(state[name])
+            param.copy_(fsdp.distribute_like(state[name], param))

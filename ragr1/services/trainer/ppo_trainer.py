@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ragr1.services.trainer import ppo
+from ragr1.services.trainer import fsdp, ppo
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.data import TokenSequence
 from ragr1.services.trainer.model import Batch, PolicyModel, ValueModel, collate, micro_batches, training_device
@@ -165,6 +165,9 @@ class PPOUpdater:
                 settings.max_grad_norm,
             )
         ]
+        # FSDP: the gradients are reduce-scattered in the backward, and every worker must run as many
+        # forward passes as the others (each pass gathers weights from all of them).
+        self.sharded = any(fsdp.is_sharded(p) for p in self.parts[0].params)
         if self.critic is not None:
             params = self.critic.critic_parameters()
             self.parts.append(
@@ -179,9 +182,12 @@ class PPOUpdater:
             )
 
     @classmethod
-    def build(cls, settings: PPOSettings, model_dir: Path, device: torch.device | None = None) -> PPOUpdater:
+    def build(
+        cls, settings: PPOSettings, model_dir: Path, device: torch.device | None = None, shard: bool = False
+    ) -> PPOUpdater:
         """The actor (with its reference when there is a KL term) and, for GAE, the critic, on ``device``
-        (default: ``settings.device`` resolved)."""
+        (default: ``settings.device`` resolved); ``shard``: FSDP across the data-parallel workers of an
+        initialised process group (``fsdp``), before the optimisers take the parameters."""
         settings.validate()
         actor = PolicyModel(
             model_dir,
@@ -193,7 +199,12 @@ class PPOUpdater:
             logit_chunk_tokens=settings.logit_chunk_tokens,
             device=device or training_device(settings.device),
         )
-        return cls(settings, actor, ValueModel(actor) if settings.uses_critic else None)
+        critic = ValueModel(actor) if settings.uses_critic else None
+        if shard:
+            for network in (actor, critic):
+                if network is not None:
+                    network.shard()
+        return cls(settings, actor, critic)
 
     @property
     def uses_critic(self) -> bool:
@@ -314,23 +325,43 @@ class PPOUpdater:
         stats = stats or StepStats()
         denominator = prepared.tokens(mini_batch)
         part.optimizer.zero_grad(set_to_none=True)
-        for rows in self._micro_batches(prepared.batch, list(mini_batch)[rank::world]):
+        for rows, counted in self._passes(prepared, mini_batch, rank, world, reduce):
             micro = prepared.batch.select(rows)
-            tokens = float(micro.mask.sum())
-            if tokens == 0:
-                continue
             loss, step_stats = loss_fn(prepared, micro, torch.as_tensor(rows, dtype=torch.long), denominator)
-            loss.backward()
-            stats.add(step_stats, tokens, denominator)
+            if counted:
+                stats.add(step_stats, float(micro.mask.sum()), denominator)
+            # FSDP averages over the workers where the step needs their sum (fsdp).
+            (loss * (world if self.sharded else 1) * float(counted)).backward()
         if reduce is not None:
             for p in part.params:
+                if fsdp.is_sharded(p):
+                    continue  # reduce-scattered by FSDP in the backward
                 # Every worker joins every reduction, whether or not its rows reached this parameter.
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 reduce(p.grad, "sum")
-        part.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(part.params, part.max_grad_norm)))
+        norm = torch.nn.utils.clip_grad_norm_(part.params, part.max_grad_norm)
+        part.grad_norms.append(fsdp.to_float(norm))
         part.optimizer.step()
         return stats
+
+    def _passes(
+        self, prepared: Prepared, mini_batch: Sequence[int], rank: int, world: int, reduce: Reduce | None
+    ) -> list[tuple[list[int], bool]]:
+        """This worker's micro-batches of its share of ``mini_batch`` (rows, counted); rows without a
+        generated token are skipped. Sharded, every worker runs as many passes as the busiest one: the
+        extra ones repeat the mini-batch's longest row and count nothing."""
+        mask = prepared.batch.mask
+        live = [r for r in list(mini_batch)[rank::world] if float(mask[r].sum()) > 0]
+        passes = [(rows, True) for rows in self._micro_batches(prepared.batch, live)]
+        if not self.sharded or reduce is None:
+            return passes
+        most = torch.tensor([float(len(passes))], dtype=torch.float64)
+        reduce(most, "max")
+        filler = max(mini_batch, key=lambda r: float(mask[r].sum()))
+        if float(mask[filler].sum()) == 0:
+            return []  # no worker has a token to learn from in this mini-batch
+        return passes + [([filler], False)] * (int(most) - len(passes))
 
     def _sync_gap(
         self, samples: Sequence[Sample], batch: Batch, current: torch.Tensor, behaviour: torch.Tensor
@@ -393,13 +424,16 @@ class PPOUpdater:
     def save_policy(self, directory: Path) -> None:
         self.actor.save_policy(directory)
 
+    def close(self) -> None:
+        """Nothing to release: one process (the Ray updater stops its workers here)."""
+
     def state(self) -> dict[str, Any]:
         """A snapshot: the optimisers' state_dicts hold their live tensors, so they are copied."""
         state: dict[str, Any] = {"updates": self.updates, "actor": self.actor.trainable_state()}
         if self.critic is not None:
             state["critic"] = self.critic.trainable_state()
         for part in self.parts:
-            state[f"{part.name}_optimizer"] = copy.deepcopy(part.optimizer.state_dict())
+            state[f"{part.name}_optimizer"] = copy.deepcopy(fsdp.full(part.optimizer.state_dict()))
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -407,7 +441,8 @@ class PPOUpdater:
         if self.critic is not None:
             self.critic.load_trainable_state(state["critic"])
         for part in self.parts:
-            part.optimizer.load_state_dict(state[f"{part.name}_optimizer"])
+            # A copy: load_state_dict keeps the given tensors as the moments and steps update them in place.
+            fsdp.load_optimizer_state(part.optimizer, copy.deepcopy(state[f"{part.name}_optimizer"]))
         self.updates = int(state["updates"])
 
 

@@ -1,24 +1,32 @@
-"""The PPO update, data-parallel under Ray Train (``num_workers > 1``).
+"""PPO updates data-parallel under Ray Train (``num_workers > 1``), on one worker group for the whole run.
 
-Each worker builds the same actor and critic from the same state, runs the no-gradient passes and
-advantages on the whole batch (identical on every worker; this keeps batch-wide advantage whitening
-and GRPO groups exact), then, mini-batch by mini-batch, takes its share of the rows for the gradient
-passes. Gradients are summed with ``all_reduce`` (gloo on CPUs; NCCL on GPUs, one GPU a worker, when
-the settings' device resolves to CUDA) before every optimiser step; because every worker's loss is
-divided by the mini-batch's token count, the sum is the one-process gradient, so each step matches a single worker's.
+One ``TorchTrainer`` starts with the run (``WorkerGroup``); each of its workers builds the actor and the
+critic once, FSDP-sharded across the workers (``sharding=fsdp``, verl's) or as whole copies
+(``replicate``), then serves requests until the run ends: load a state, take an update. The driver puts
+a request's payload in Ray's object store once and a reference to it on every worker's queue; rank 0
+answers on the results queue. Ray's start-up (about 20 s here) is paid once, not per update.
 
-State goes to the workers and back through files in a temporary directory (they share the machine
-here; on a cluster, point ``tmp_dir`` at shared storage). A TorchTrainer starts per update, which
-costs Ray's start-up (about 20 s here) on every update: fine for large updates on many GPUs, the
-wrong trade on one small machine, where ``num_workers = 1`` (no Ray) is the default.
+An update: every worker runs the no-gradient passes and the advantages on the whole batch (identical
+everywhere; this keeps batch-wide whitening and GRPO groups exact), then takes its share of each
+mini-batch's rows for the gradient passes. Gradients are summed across workers (FSDP's reduce-scatter,
+or ``all_reduce`` for whole copies; gloo on CPUs, NCCL with one GPU a worker); every worker's loss is
+divided by the mini-batch's token count, so each step is the one a single process would take.
+
+The driver keeps a CPU copy of the trainable state (``RayUpdater.local``), refreshed after every
+update, from which checkpoints and pushed weights are written: the same files as one process writes.
+On a cluster the driver and the workers share nothing but Ray: a LoRA state is megabytes; a fully
+fine-tuned 7B state (weights and AdamW moments, ~85 GB) should instead be written by the workers to
+shared storage (README, GPU sizing), which is not built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import os
+import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +38,11 @@ from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import init_torch
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 
+log = logging.getLogger(__name__)
+
+# Requests a worker serves; STOP ends its loop (and the TorchTrainer's fit).
+LOAD, UPDATE, STOP = "load", "update", "stop"
+
 
 def _settings_fields(settings: PPOSettings) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(PPOSettings)}
@@ -37,7 +50,8 @@ def _settings_fields(settings: PPOSettings) -> dict[str, Any]:
 
 
 def worker_loop(config: dict[str, Any]) -> None:
-    """``train_loop_per_worker``: one update, this worker's share of each mini-batch; rank 0 writes the result."""
+    """``train_loop_per_worker``: builds the models once, then serves requests until STOP."""
+    import ray
     import ray.train
     import torch.distributed as dist
 
@@ -47,10 +61,7 @@ def worker_loop(config: dict[str, Any]) -> None:
     init_torch(settings)
     # Ray Train gives each GPU worker its own GPU (and makes it current); on CPUs this is the CPU.
     device = ray.train.torch.get_device()
-    updater = PPOUpdater.build(settings, Path(config["model_dir"]), device)
-    work = Path(config["work_dir"])
-    updater.load_state(torch.load(work / "state_in.pt", weights_only=False, map_location="cpu"))
-    samples: list[Sample] = torch.load(work / "batch.pt", weights_only=False)
+    updater = PPOUpdater.build(settings, Path(config["model_dir"]), device, shard=settings.sharding == "fsdp")
     ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
     def reduce(tensor: torch.Tensor, op: str) -> None:
@@ -59,10 +70,26 @@ def worker_loop(config: dict[str, Any]) -> None:
         dist.all_reduce(moved, op=ops[op])
         tensor.copy_(moved)
 
-    stats = updater.update(samples, rank, world, reduce=reduce)
-    if rank == 0:
-        torch.save(updater.state(), work / "state_out.pt")
-        (work / "stats.json").write_text(json.dumps(stats))
+    inbox, outbox = config["inboxes"][rank], config["outbox"]
+    served = 0
+    while True:
+        kind, ref = inbox.get()
+        if kind == STOP:
+            return
+        payload = ray.get(ref)
+        stats: dict[str, float] | None = None
+        if kind == LOAD:
+            updater.load_state(payload)
+        else:
+            stats = updater.update(payload, rank, world, reduce=reduce)
+        served += 1
+        # Gathering a sharded state is a collective: every worker takes part, rank 0 sends it.
+        state = updater.state() if kind == UPDATE else None
+        if rank == 0:
+            outbox.put({
+                "kind": kind, "stats": stats, "state": state, "pid": os.getpid(), "served": served,
+                "sharded": updater.sharded,
+            })
 
 
 def connect(settings: PPOSettings, num_workers: int) -> bool:
@@ -82,59 +109,98 @@ def connect(settings: PPOSettings, num_workers: int) -> bool:
     return bool(gpus)
 
 
-def ray_update(
-    settings: PPOSettings,
-    model_dir: Path,
-    state: dict[str, Any],
-    samples: Sequence[Sample],
-    num_workers: int,
-    tmp_dir: Path | None = None,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """Runs one update on ``num_workers`` Ray Train workers; returns the new state and the stats."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+class WorkerGroup:
+    """A TorchTrainer's workers kept for the whole run; ``call`` sends every worker one request and
+    returns rank 0's answer."""
 
-    gpus = connect(settings, num_workers)
-    with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="ray-update-") as work:
-        work_dir = Path(work)
-        torch.save(state, work_dir / "state_in.pt")
-        torch.save(list(samples), work_dir / "batch.pt")
-        trainer = TorchTrainer(
+    def __init__(self, settings: PPOSettings, model_dir: Path, num_workers: int, tmp_dir: Path | None = None) -> None:
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+        from ray.util.queue import Queue
+
+        gpus = connect(settings, num_workers)
+        # The queues are small actors: no CPU reserved for them, or they would hold the workers' CPUs.
+        actor_options = {"num_cpus": 0}
+        self.inboxes = [Queue(actor_options=actor_options) for _ in range(num_workers)]
+        self.outbox = Queue(actor_options=actor_options)
+        self.storage = Path(tempfile.mkdtemp(dir=tmp_dir, prefix="ray-train-"))
+        self.trainer = TorchTrainer(
             worker_loop,
             train_loop_config={
                 "settings": _settings_fields(settings),
                 "model_dir": str(model_dir),
-                "work_dir": str(work_dir),
+                "inboxes": self.inboxes,
+                "outbox": self.outbox,
             },
             torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
             scaling_config=ScalingConfig(
                 num_workers=num_workers, use_gpu=gpus, resources_per_worker={"CPU": 1, **({"GPU": 1} if gpus else {})}
             ),
-            run_config=RunConfig(storage_path=str(work_dir / "ray"), name="ppo-update"),
+            run_config=RunConfig(storage_path=str(self.storage), name="ppo"),
         )
-        trainer.fit()
-        new_state = torch.load(work_dir / "state_out.pt", weights_only=False)
-        stats = json.loads((work_dir / "stats.json").read_text())
-    return new_state, stats
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._fit, name="ray-train", daemon=True)
+        self.thread.start()
+
+    def _fit(self) -> None:
+        try:
+            self.trainer.fit()
+        except BaseException as exc:  # reported by the next call, on the loop's thread
+            self.error = exc
+
+    def call(self, kind: str, payload: Any) -> dict[str, Any]:
+        import ray
+        from ray.util.queue import Empty
+
+        if not self.thread.is_alive():
+            raise RuntimeError(f"the Ray Train worker group has stopped: {self.error!r}") from self.error
+        ref = ray.put(payload)
+        for inbox in self.inboxes:
+            inbox.put((kind, ref))
+        while True:
+            try:
+                answer: dict[str, Any] = self.outbox.get(timeout=1.0)
+                return answer
+            except Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError(
+                        f"the Ray Train worker group stopped during a {kind!r} request: {self.error!r}"
+                    ) from self.error
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self.thread.is_alive():
+            for inbox in self.inboxes:
+                inbox.put((STOP, None))
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("the Ray Train workers did not stop within %.0f s", timeout)
+        for queue in [*self.inboxes, self.outbox]:
+            queue.shutdown()
+        shutil.rmtree(self.storage, ignore_errors=True)
 
 
 class RayUpdater:
-    """The loop's ``Updater`` with the optimisation on Ray Train; keeps a local copy for checkpoints."""
+    """The loop's ``Updater`` on a ``WorkerGroup``; keeps a CPU copy to write checkpoints from."""
 
-    def __init__(self, settings: PPOSettings, model_dir: Path, num_workers: int) -> None:
+    def __init__(self, settings: PPOSettings, model_dir: Path, num_workers: int, tmp_dir: Path | None = None) -> None:
         self.settings = settings
         self.model_dir = Path(model_dir)
-        self.num_workers = num_workers
         # The copy checkpoints are written from: on the CPU, the GPUs are the workers'.
         self.local = PPOUpdater.build(settings, self.model_dir, torch.device("cpu"))
+        self.group = WorkerGroup(settings, self.model_dir, num_workers, tmp_dir)
+        # The workers start from this copy's state: the same adapters and value head in every process.
+        answer = self.group.call(LOAD, self.local.state())
+        self.worker_pids = {answer["pid"]}
+        self.sharded = bool(answer["sharded"])
+        log.info("%d Ray Train workers ready, %s", num_workers, "FSDP-sharded" if self.sharded else "whole copies")
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         start = time.perf_counter()
-        state, stats = ray_update(
-            self.settings, self.model_dir, self.local.state(), samples, self.num_workers
-        )
-        self.local.load_state(state)
-        # The workers' own timing leaves out Ray's start-up and the state transfer.
+        answer = self.group.call(UPDATE, list(samples))
+        self.worker_pids.add(answer["pid"])
+        self.local.load_state(answer["state"])
+        stats: dict[str, float] = answer["stats"]
+        # The workers' own timing leaves out the transfers of the batch and the state.
         elapsed = time.perf_counter() - start
         stats.update({"update_seconds": elapsed, "tokens_per_second": stats["tokens"] / elapsed})
         return stats
@@ -144,6 +210,10 @@ class RayUpdater:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.local.load_state(state)
+        self.group.call(LOAD, state)
 
     def save_policy(self, directory: Path) -> None:
         self.local.save_policy(directory)
+
+    def close(self) -> None:
+        self.group.close()

@@ -107,8 +107,11 @@ async def serve(config: PPOConfig) -> int:
         await asyncio.wait([training])
 
     watcher = asyncio.ensure_future(stop_when_trained())
-    await server.serve(on_stop=on_stop)
-    watcher.cancel()
+    try:
+        await server.serve(on_stop=on_stop)
+    finally:
+        watcher.cancel()
+        loop.updater.close()
     try:
         version = training.result()
     except PublishError as exc:
