@@ -6,10 +6,15 @@ import subprocess
 import sys
 
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ragr1.services.common.redis_server import RedisServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
+from ragr1.services.trainer.loop import check_rollout
 from ragr1.v1 import common_pb2
+from tests.common import fuzz
+from tests.trainer.rollouts import make_rollout
 
 HANDED = "test:handed"
 
@@ -119,3 +124,34 @@ def test_work_left_for_a_group_is_pending_plus_undelivered(redis_client: redis.R
     assert (prompts.pending(), prompts.undelivered()) == (2, 3)
     prompts.ack(taken)
     assert (prompts.pending(), prompts.undelivered()) == (0, 3)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entries=st.lists(
+        st.one_of(
+            st.builds(lambda b: {"data": b}, fuzz.requests(common_pb2.Rollout.DESCRIPTOR)),
+            st.dictionaries(st.sampled_from([b"id", b"x", b"\xff\xfe"]), st.binary(max_size=16), max_size=2),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_garbage_entries_are_dead_lettered_with_a_reason_and_nothing_is_lost(
+    redis_client: redis.Redis, entries: list[dict[str, bytes]]
+) -> None:
+    """Whatever lands in the rollouts stream, the trainer's consumer hands on what parses and passes the
+    trainer's own check, dead-letters the rest with a reason, and loses nothing."""
+    redis_client.delete(ROLLOUTS, f"{ROLLOUTS}:dead")
+    queue = StreamQueue(redis_client, ROLLOUTS, common_pb2.Rollout, group="trainer", consumer="t",
+                        validate=lambda r: check_rollout(r, 10))
+    queue.ensure_group()
+    for fields in entries:
+        redis_client.xadd(ROLLOUTS, fields or {"empty": b""})  # type: ignore[arg-type]
+    good = make_rollout("good")
+    queue.produce([good])
+    handed = [d.message.id for d in queue.consume(count=100)]
+    dead = queue.dead_letters()
+    assert good.id in handed
+    assert all(d["reason"] for d in dead)
+    assert len(handed) + len(dead) == len(entries) + 1 - (len(handed) - len(set(handed)))

@@ -26,6 +26,8 @@ from typing import Any
 import grpc
 import pytest
 import redis
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from ragr1.services.common.client import ChannelOptions, HealthClient
 from ragr1.services.common.process import ServiceProcess
@@ -34,6 +36,7 @@ from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.v1 import common_pb2, policy_pb2
+from tests.common import fuzz
 from tests.common.pki import write_pki
 from tests.policy.conftest import hotpot_rows
 
@@ -374,6 +377,23 @@ def test_a_trainer_without_the_token_stops_at_once_and_says_why(
     assert time.monotonic() - started < 120  # before loading the model or training anything
     assert not (tmp_path / "trainer" / "checkpoints").exists()
     assert client.weight_version().version == current
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_requests_to_every_rpc_get_defined_answers(client: PolicyClient, data: st.DataObject) -> None:
+    """Garbage, extreme and corrupted requests to every Policy RPC, over TLS with the token: answered in
+    time with OK or a caller's-mistake code, the weights untouched."""
+    path, request = data.draw(st.sampled_from(fuzz.methods(policy_pb2.DESCRIPTOR.services_by_name["Policy"])))
+    code = fuzz.call(client.channel, path, data.draw(fuzz.requests(request)), timeout=120)
+    event(f"{path}: {code.name}")
+    assert code in fuzz.DEFINED, (path, code)
+    assert not (path.endswith("/UpdateWeights") and code == grpc.StatusCode.OK), "fuzzed weights were loaded"
+
+
+def test_the_policy_serves_after_the_fuzzing(client: PolicyClient) -> None:
+    assert client.health()
+    assert client.generate(["Say yes."], common_pb2.SamplingParams(max_tokens=4)).completions
 
 
 def test_a_dead_engine_turns_the_policy_not_serving_and_stops_it(policy: PolicyServer) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from ragr1.protogen import PROTO_DIR
 from ragr1.services.common.errors import Unavailable
@@ -29,6 +31,8 @@ from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
 from ragr1.services.retriever.router import Router
 from ragr1.services.retriever.server import check_shards
+from ragr1.v1 import retriever_pb2
+from tests.common import fuzz
 
 QUERIES = ["Which Canadian rock band released a song called Counterparts?", "Neil Peart", "Modern Drummer"]
 
@@ -280,3 +284,38 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
                 await c.close()
 
     asyncio.run(unavailable_mode())
+
+
+# JSON bodies for POST /retrieve: Search-R1's shape with arbitrary values, and arbitrary JSON.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+_RETRIEVE = st.fixed_dictionaries(
+    {"queries": st.lists(st.text(max_size=30), max_size=4) | _JSON},
+    optional={"topk": st.integers(-2, 200) | _JSON, "return_scores": _JSON},
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_requests_to_every_rpc_get_defined_answers(cluster: dict, data: st.DataObject) -> None:
+    """Fuzzing the router's and a shard's RPCs with bytes and the HTTP endpoint with JSON: every call is
+    answered in time with OK or a caller's-mistake code; the services stay up (checked after)."""
+    routes = [(cluster["grpc"], m) for m in fuzz.methods(retriever_pb2.DESCRIPTOR.services_by_name["Retriever"])]
+    routes += [(cluster["shards"][0], m) for m in fuzz.methods(retriever_pb2.DESCRIPTOR.services_by_name["RetrieverShard"])]
+    target, (path, request) = data.draw(st.sampled_from(routes))
+    with grpc.insecure_channel(target) as channel:
+        code = fuzz.call(channel, path, data.draw(fuzz.requests(request)), timeout=20)
+    assert code in fuzz.DEFINED, (path, code)
+    event(f"{path}: {code.name}")
+    status, reply = post(cluster["http"], json.dumps(data.draw(_RETRIEVE | _JSON)).encode())
+    event(f"POST /retrieve: {status}")
+    assert status in (200, 400, 422) and ("result" in reply if status == 200 else "detail" in reply), reply
+
+
+def test_services_are_healthy_after_the_fuzzing(cluster: dict) -> None:
+    with RetrieverClient(cluster["grpc"]) as client:
+        assert client.health()
+        assert len(client.search(["Who wrote Hamlet?"], 3).results[0].passages) == 3

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, event, given, settings
 
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.data import eval_path, read_jsonl
@@ -17,6 +18,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.reward.client import AsyncRewardClient, RewardClient
 from ragr1.v1 import common_pb2, reward_pb2
+from tests.common import fuzz
 
 LIMITS = ("--max-items", "8", "--max-response-chars", "5000", "--max-rounds", "4")
 
@@ -169,3 +171,30 @@ def test_metrics(client: RewardClient, server: Server) -> None:
     assert 'ragr1_reward_part_score_count{part="exact_match"}' in text
     assert 'ragr1_reward_last_batch_mean_score{part="exact_match"} 0.5' in text
     assert 'ragr1_grpc_server_requests_total{code="INVALID_ARGUMENT",method="Score",service="reward"}' in text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=fuzz.requests(reward_pb2.ScoreRequest.DESCRIPTOR))
+def test_hostile_score_requests_get_defined_answers(server: Server, body: bytes) -> None:
+    """Garbage, extreme and corrupted ScoreRequests: answered in time, OK or INVALID_ARGUMENT."""
+    with grpc.insecure_channel(server.target) as channel:
+        code = fuzz.call(channel, "/ragr1.v1.Reward/Score", body, timeout=10)
+    event(code.name)
+    assert code in fuzz.DEFINED, code
+
+
+def test_the_service_is_healthy_after_the_fuzzing(client: RewardClient) -> None:
+    assert client.health()
+    assert client.score([_item("Paris", ["Paris"])])[0].exact_match == 1.0
+
+
+def test_a_message_over_the_size_cap_is_refused_and_the_service_goes_on(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["serve", "reward", "--port", str(port), "--metrics-port", "0", "--max-message-bytes", "65536"]
+    with ServiceProcess.ragr1("reward", args, f"127.0.0.1:{port}", tmp_path / "server.log", start_timeout=60):
+        with RewardClient(f"127.0.0.1:{port}") as c:
+            with pytest.raises(grpc.RpcError) as caught:
+                c.score([_item("x" * 100_000, ["x"])])
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert c.health()
+            assert c.score([_item("Paris", ["Paris"])])[0].exact_match == 1.0

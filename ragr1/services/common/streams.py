@@ -54,7 +54,9 @@ class Delivery(Generic[M]):
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    # Anyone with access can write any bytes to a stream: a field that is not UTF-8 must reach the dead
+    # letters with its reason, not crash the consumer at every restart (found by fuzzing).
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else value
 
 
 class StreamQueue(Generic[M]):
