@@ -303,8 +303,9 @@ _RETRIEVE = st.fixed_dictionaries(
 def test_hostile_requests_to_every_rpc_get_defined_answers(cluster: dict, data: st.DataObject) -> None:
     """Fuzzing the router's and a shard's RPCs with bytes and the HTTP endpoint with JSON: every call is
     answered in time with OK or a caller's-mistake code; the services stay up (checked after)."""
-    routes = [(cluster["grpc"], m) for m in fuzz.methods(retriever_pb2.DESCRIPTOR.services_by_name["Retriever"])]
-    routes += [(cluster["shards"][0], m) for m in fuzz.methods(retriever_pb2.DESCRIPTOR.services_by_name["RetrieverShard"])]
+    services = retriever_pb2.DESCRIPTOR.services_by_name
+    routes = [(cluster["grpc"], m) for m in fuzz.methods(services["Retriever"])]
+    routes += [(cluster["shards"][0], m) for m in fuzz.methods(services["RetrieverShard"])]
     target, (path, request) = data.draw(st.sampled_from(routes))
     with grpc.insecure_channel(target) as channel:
         code = fuzz.call(channel, path, data.draw(fuzz.requests(request)), timeout=20)

@@ -191,10 +191,11 @@ def test_the_service_is_healthy_after_the_fuzzing(client: RewardClient) -> None:
 def test_a_message_over_the_size_cap_is_refused_and_the_service_goes_on(tmp_path: Path) -> None:
     port = free_port()
     args = ["serve", "reward", "--port", str(port), "--metrics-port", "0", "--max-message-bytes", "65536"]
-    with ServiceProcess.ragr1("reward", args, f"127.0.0.1:{port}", tmp_path / "server.log", start_timeout=60):
-        with RewardClient(f"127.0.0.1:{port}") as c:
-            with pytest.raises(grpc.RpcError) as caught:
-                c.score([_item("x" * 100_000, ["x"])])
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert c.health()
-            assert c.score([_item("Paris", ["Paris"])])[0].exact_match == 1.0
+    target = f"127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    with ServiceProcess.ragr1("reward", args, target, log, start_timeout=60), RewardClient(target) as c:
+        with pytest.raises(grpc.RpcError) as caught:
+            c.score([_item("x" * 100_000, ["x"])])
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert c.health()
+        assert c.score([_item("Paris", ["Paris"])])[0].exact_match == 1.0
