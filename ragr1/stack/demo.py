@@ -99,6 +99,11 @@ class DemoConfig(StackConfig):
     # GRPO groups score all 0 and teach nothing (the README has the measured share). F1 pays partial answers.
     reward: str = setting("f1", "what RL is paid for: em (exact match, RAG-R1's) or f1 (token F1)")
     quick_index: bool = setting(False, "index only the paragraphs of the demo's questions (minutes saved)")
+    sft_checkpoint: str = setting(
+        "",
+        "RL on an earlier run's SFT model (its sft/checkpoints/v000001/policy, from a run with the same questions): "
+        "skips evaluating the base model and SFT, for RL ablations on one SFT model",
+    )
 
 
 @dataclasses.dataclass
@@ -117,6 +122,8 @@ class Demo:
             raise StackError(f"--rl-mode must be single or multi, got {config.rl_mode!r}")
         if config.rl_questions < 1:
             raise StackError(f"--rl-questions must be at least 1 (RL prompts per source), got {config.rl_questions}")
+        if config.sft_checkpoint and not (Path(config.sft_checkpoint) / "config.json").exists():
+            raise StackError(f"--sft-checkpoint {config.sft_checkpoint} is not a policy checkpoint (no config.json)")
         self.config = config
         self.directory = run_dir(config)
         self.ports = plan.Ports.of(config)
@@ -249,13 +256,16 @@ class Demo:
             supervisor = self.start()
         policy_target = f"{plan.HOST}:{self.ports.policy}"
         with supervisor, PolicyClient(policy_target) as policy:
-            with self._phase("evaluate base"):
-                self.evaluate("base", policy)
-            with self._phase("sft"):
-                sft_checkpoint = self.sft()
-                update = policy.update_weights(1, str(sft_checkpoint))
-                print(f"policy serves the SFT weights as version {update.version} ({update.seconds:.1f} s)",
-                      flush=True)
+            if self.config.sft_checkpoint:
+                sft_checkpoint = Path(self.config.sft_checkpoint)
+            else:
+                with self._phase("evaluate base"):
+                    self.evaluate("base", policy)
+                with self._phase("sft"):
+                    sft_checkpoint = self.sft()
+            update = policy.update_weights(1, str(sft_checkpoint))
+            print(f"policy serves the SFT weights {sft_checkpoint} as version {update.version} "
+                  f"({update.seconds:.1f} s)", flush=True)
             with self._phase("evaluate sft"):
                 self.evaluate("sft", policy)
             with self._phase("rl"):
