@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from ragr1.services.common.redis_server import RedisServer, free_port
+
+# Property tests and fuzzing draw the same cases on every run by default, so that CI's verdict is the code's,
+# not the draw's; HYPOTHESIS_PROFILE=explore draws new ones (how the fuzzing found its bugs: README).
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Models load from the packages that ship them; nothing may reach a hub at test time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -63,6 +63,14 @@ def test_empty_path_is_invalid(policy_model_dir: Path) -> None:
         check_checkpoint(policy_model_dir, " ")
 
 
+def test_a_path_the_filesystem_refuses_is_invalid_not_a_crash(policy_model_dir: Path) -> None:
+    # Found by fuzzing UpdateWeights: a 600-byte name made is_dir() raise ENAMETOOLONG, answered INTERNAL.
+    with pytest.raises(InvalidArgument, match="cannot be read: File name too long"):
+        check_checkpoint(policy_model_dir, "é" * 300)
+    with pytest.raises(FailedPrecondition, match="does not exist"):
+        check_checkpoint(policy_model_dir, "/no/such\x00dir")
+
+
 def test_finish_lets_running_rollouts_end_on_the_old_version() -> None:
     async def scenario() -> list[str]:
         gate = VersionGate()

@@ -60,7 +60,11 @@ def check_checkpoint(served: Path, checkpoint_path: str) -> Path:
     if not checkpoint_path.strip():
         raise InvalidArgument("checkpoint_path is empty")
     candidate = Path(checkpoint_path)
-    if not candidate.is_dir():
+    try:
+        is_dir = candidate.is_dir()
+    except OSError as exc:  # a name too long, a permission denied: the caller's path, not our failure
+        raise InvalidArgument(f"checkpoint_path {checkpoint_path[:200]!r} cannot be read: {exc.strerror}") from exc
+    if not is_dir:
         raise FailedPrecondition(f"checkpoint {candidate} does not exist or is not a directory")
     if not (candidate / "config.json").is_file():
         raise FailedPrecondition(f"checkpoint {candidate} has no config.json")
