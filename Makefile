@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-docker lint proto dashboards
+.PHONY: demo test test-docker test-faults lint proto dashboards
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -18,6 +18,12 @@ test: $(STAMP)
 # `make test`: it needs Docker (`apt-get install docker.io` as root) and minutes.
 test-docker: $(STAMP)
 	$(VENV)/bin/python -m tests.docker.harness
+
+# A real PPO run on the local stack while the trainer, a rollout worker, a shard and Redis are killed and a
+# worker paused; then every prompt accounted for from Redis and the checkpoints (tests/faults/harness.py).
+# Not part of `make test`: two vLLM engines and minutes of training.
+test-faults: $(STAMP)
+	$(VENV)/bin/python -m tests.faults.harness
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ragr1 tests bench deploy

@@ -76,15 +76,19 @@ def reward_spec(config: StackConfig, p: Ports) -> ServiceSpec:
     return _spec("reward", ["serve", "reward", *REWARD_WEIGHTS[config.reward]], p.reward, config)
 
 
-def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = True) -> ServiceSpec:
+def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = True, name: str = "policy",
+                port: int = 0) -> ServiceSpec:
+    """``name`` and ``port``: a replica beside the first (``port`` 0: ``p.policy``). The worker's consumer
+    name is the service's, stable across restarts, so that a restarted worker takes back its pending
+    prompts at once instead of leaving them to the others' reclaim (10 minutes by default)."""
     args = [
-        "serve", "rollout-worker" if worker else "policy", "--model", str(model),
+        "serve", "rollout-worker" if worker else "policy", "--model", str(model), "--worker-name", name,
         "--retriever-address", f"{HOST}:{p.router}", "--reward-address", f"{HOST}:{p.reward}",
         "--redis-url", p.redis_url(), "--max-turns", str(config.max_turns),
         "--max-tokens-per-turn", str(config.max_tokens_per_turn), "--kv-cache-gib", str(config.kv_cache_gib),
         "--tokens-per-query", str(config.tokens_per_query), "--max-model-len", str(config.max_model_len),
     ]
-    return _spec("policy", args, p.policy, config)
+    return _spec(name, args, port or p.policy, config)
 
 
 def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
@@ -97,10 +101,13 @@ def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
     return config.trainer_threads or max(1, (cores or os.cpu_count() or 2) // 2)
 
 
-def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path, *extra: str) -> ServiceSpec:
+def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path, *extra: str,
+                 replicas: tuple[int, ...] = ()) -> ServiceSpec:
+    """``replicas``: the policy ports the trainer pushes weights to (empty: ``p.policy``)."""
     args = [
         "train", "ppo", "--model-dir", str(model), "--redis-url", p.redis_url(),
-        "--policy-replicas", f"{HOST}:{p.policy}", "--output-dir", str(output_dir),
+        "--policy-replicas", ",".join(f"{HOST}:{port}" for port in replicas or (p.policy,)),
+        "--output-dir", str(output_dir),
         "--threads", str(trainer_threads(config)), *extra,
     ]
     return _spec("trainer", args, p.trainer, config)

@@ -47,8 +47,7 @@ def test_a_dead_service_is_restarted_and_one_that_keeps_dying_stops_the_stack(tm
     with Supervisor(tmp_path, [spec], free_port()) as supervisor:
         # Redis keeps what it acknowledged across its own restart (append-only file in the run folder).
         client = supervisor.redis.client()  # type: ignore[union-attr]
-        client.xadd("ragr1:prompts", {"payload": b"kept"})
-        time.sleep(1.5)  # appendfsync everysec
+        client.xadd("ragr1:prompts", {"payload": b"kept"})  # killed at once: appendfsync always, not everysec
         client.close()
         supervisor.redis.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         supervisor.redis.process.wait()  # type: ignore[union-attr]

@@ -8,6 +8,7 @@ graceful path) and kills after a timeout, so no process outlives its owner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,12 +72,18 @@ class ServiceProcess:
         return cls(name, [sys.executable, "-m", "ragr1", *ragr1_args], target, log_path, **kwargs)  # type: ignore[arg-type]
 
     def launch(self) -> ServiceProcess:
-        """Starts the process without waiting (start several, then ``wait_started`` on each)."""
+        """Starts the process without waiting (start several, then ``wait_started`` on each); what is left
+        of a previous run of it is killed first."""
+        self.reap()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # Its own process group, so that its children go with it: vLLM's engine-core and worker
+            # processes outlive a SIGKILLed (or OOM-killed) policy, holding ~3 GB each, and a restarted policy
+            # then found no memory for its KV cache (tests/faults). A container takes them all down; here
+            # ``reap`` does.
             self.process = subprocess.Popen(
                 self.args, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **(self.env or {})},
+                env={**os.environ, **(self.env or {})}, start_new_session=True,
             )
         self._launched = time.monotonic()
         return self
@@ -131,8 +138,15 @@ class ServiceProcess:
             assert self.process is not None
             self.process.send_signal(sig)
 
+    def reap(self) -> None:
+        """Kills whatever the exited process left running in its process group."""
+        if self.process is None or self.process.poll() is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        """SIGTERM, then SIGKILL after ``timeout``; then its leftover children; returns the exit code."""
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -142,6 +156,7 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.reap()
         return self.process.returncode
 
     def __enter__(self) -> ServiceProcess:

@@ -27,6 +27,10 @@ Guarantees, and how:
   update), the trainer's log-probs under the weights that sampled them must equal the ones vLLM
   recorded; a gap above ``logprob_gap_threshold`` is reported as a probable weight-sync failure (the
   policy serves other weights than the trainer pushed).
+- **A restarted replica is brought back.** A policy replica that restarted serves its starting weights as
+  version 0, so every rollout it makes would be dropped as stale and no batch would come for the next
+  push: while collecting, the loop asks the replicas for their version every ``resync_seconds`` and
+  pushes the current one to any that is behind.
 - **An idle policy after a finite run.** Reaching ``max_updates``, the loop deletes the prompts it
   admitted that no rollout worker has taken, so that the workers stop when their current work ends.
 
@@ -94,6 +98,8 @@ class Updater(Protocol):
 class Publisher(Protocol):
     def publish(self, version: int, checkpoint: Path) -> dict[str, str]: ...
 
+    def sync(self, version: int, checkpoint: Path) -> dict[str, str]: ...
+
 
 @dataclasses.dataclass
 class LoopSettings:
@@ -110,6 +116,9 @@ class LoopSettings:
     logprob_gap_threshold: float = 0.1
     # Dynamic sampling: complete groups of equal scores skipped per update before they are trained anyway.
     max_uniform_groups: int = 0
+    # How often, while collecting, the replicas are asked for their version and a restarted one (back at
+    # its starting weights) is sent the current one again.
+    resync_seconds: float = 10.0
 
 
 @dataclasses.dataclass
@@ -265,6 +274,7 @@ class PPOLoop:
         self._warned_top_p = False
         self._queue_seconds = 0.0
         self._uniform_skipped = 0
+        self._synced_at = time.monotonic()
 
     # -- state ----------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -286,8 +296,10 @@ class PPOLoop:
         metrics.POLICY_VERSION.set(self.version)
         log.info("resumed from %s: version %d, %d rollouts trained", path, self.version, len(self.trained))
         if self.publisher is not None:
-            # Replicas may have missed the last version when the trainer died; older ones refuse it.
-            self.publisher.publish(self.version, policy_dir(path))
+            # Replicas may have missed the last version when the trainer died (or restarted since, back at
+            # version 0): those behind get it. The others refuse a version they serve already, which
+            # ``publish`` would count towards stopping, so a trainer restarted three times stopped.
+            self.publisher.sync(self.version, policy_dir(path))
 
     def _settled(self) -> int:
         """Admitted rollouts no longer in flight: trained, dropped, dead-lettered, or never to come because
@@ -439,9 +451,19 @@ class PPOLoop:
             fresh = self.rollouts.consume(wanted, block_ms=s.poll_ms)
             self._admit(fresh)
             self._skip_uniform_groups()
+            self._resync()
             self._queue_seconds += time.perf_counter() - start
             metrics.QUEUE_DEPTH.labels(PROMPTS).set(self.prompts.depth())
             metrics.QUEUE_DEPTH.labels(ROLLOUTS).set(self.rollouts.pending())
+
+    def _resync(self) -> None:
+        """Every ``resync_seconds``: the current version to the replicas that serve an older one."""
+        if self.publisher is None or not self.status.checkpoint_path:
+            return
+        if time.monotonic() - self._synced_at < self.settings.resync_seconds:
+            return
+        self._synced_at = time.monotonic()
+        self.publisher.sync(self.version, Path(self.status.checkpoint_path))
 
     def _take_batch(self) -> list[Delivery[Any]]:
         batch = [d for group in self._complete_groups() for d in group][: self.settings.batch_size]

@@ -36,9 +36,13 @@ def _hint(code: grpc.StatusCode | None) -> str:
 class WeightPublisher:
     """One client per replica, opened once. A replica that fails is logged and counted and the others
     still get the version; training goes on (the version travels in the rollouts, so a replica that
-    lags produces rollouts the trainer sees as stale) until one replica has failed ``max_failures``
+    lags produces rollouts the trainer sees as stale) until one replica has refused ``max_failures``
     pushes in a row: then ``publish`` raises ``PublishError``, so that a trainer whose versions never
-    arrive stops with the reason instead of training on while the policy serves old weights."""
+    arrive stops with the reason instead of training on while the policy serves old weights.
+
+    A replica that is down (UNAVAILABLE: restarting, its pod rescheduled) is not counted: it makes no
+    rollouts meanwhile, the others go on, and ``sync`` sends it the current version once it is back.
+    Counting it stopped the trainer when a replica took three updates to restart (tests/faults)."""
 
     def __init__(
         self,
@@ -78,30 +82,59 @@ class WeightPublisher:
         results = {}
         path = str(Path(checkpoint).resolve())
         exhausted: list[str] = []
-        for target, client in self._clients.items():
-            start = time.perf_counter()
-            try:
-                client.update_weights(version, path, policy_pb2.IN_FLIGHT_POLICY_FINISH)
-                results[target] = "ok"
+        for target in self._clients:
+            error = self._push(target, version, path)
+            results[target] = error or "ok"
+            if error is None:
                 self._failures[target] = 0
-            except grpc.RpcError as exc:
-                code = exc.code()
-                name = code.name if code else "UNKNOWN"
-                metrics.WEIGHT_UPDATE_FAILURES.labels(name).inc()
-                results[target] = f"{name}: {exc.details()}"
-                self._failures[target] += 1
-                log.warning("UpdateWeights v%d on %s failed (%d in a row): %s",
-                            version, target, self._failures[target], results[target])
-                if self._failures[target] >= self.max_failures:
-                    exhausted.append(
-                        f"policy replica {target} failed {self._failures[target]} weight updates in a row, "
-                        f"the last (v{version}) with {results[target]}{_hint(code)}"
-                    )
-            finally:
-                metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - start)
+                continue
+            if error.startswith(grpc.StatusCode.UNAVAILABLE.name):
+                log.warning("UpdateWeights v%d: replica %s is down (%s); it gets the version when it is back",
+                            version, target, error)
+                continue
+            self._failures[target] += 1
+            log.warning("UpdateWeights v%d on %s failed (%d in a row): %s",
+                        version, target, self._failures[target], error)
+            if self._failures[target] >= self.max_failures:
+                exhausted.append(
+                    f"policy replica {target} failed {self._failures[target]} weight updates in a row, "
+                    f"the last (v{version}) with {error}"
+                )
         if exhausted:
             raise PublishError("; ".join(exhausted))
         return results
+
+    def sync(self, version: int, checkpoint: Path) -> dict[str, str]:
+        """Pushes ``version`` again to every replica that serves an older one: a replica that restarted
+        came back with its starting weights (version 0), and every rollout it made would be too stale to
+        train on while the trainer, getting no batch, would never push again. Replicas that do not answer
+        (still starting) are left for the next call; nothing here counts towards ``max_failures``.
+        Returns replica -> "ok" or the error, for the replicas it pushed to."""
+        results = {}
+        for target, client in self._clients.items():
+            try:
+                served = client.weight_version(timeout=min(self.timeout, 5.0)).version
+            except grpc.RpcError:
+                continue
+            if served >= version:
+                continue
+            log.warning("policy replica %s serves v%d, the trainer is at v%d: pushing v%d again",
+                        target, served, version, version)
+            results[target] = self._push(target, version, str(Path(checkpoint).resolve())) or "ok"
+        return results
+
+    def _push(self, target: str, version: int, path: str) -> str | None:
+        """One UpdateWeights call; the error as text (code: details, with a hint), or None."""
+        start = time.perf_counter()
+        try:
+            self._clients[target].update_weights(version, path, policy_pb2.IN_FLIGHT_POLICY_FINISH)
+            return None
+        except grpc.RpcError as exc:
+            code = exc.code()
+            metrics.WEIGHT_UPDATE_FAILURES.labels(code.name if code else "UNKNOWN").inc()
+            return f"{code.name if code else 'UNKNOWN'}: {exc.details()}{_hint(code)}"
+        finally:
+            metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - start)
 
     def close(self) -> None:
         for client in self._clients.values():

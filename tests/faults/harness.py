@@ -1,0 +1,434 @@
+"""`make test-faults`: a real PPO run on the local stack while its processes are killed, paused and restarted;
+then every prompt is accounted for from Redis and the trainer's checkpoint, not from the code's counters.
+
+    .venv/bin/python -m tests.faults.harness [--updates 10] [--seed 0] [--run-dir DIR]
+
+The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
+shards, the reward service, two policy replicas with rollout workers, the PPO trainer with GRPO and LoRA on
+SmolLM2-135M), supervised as `ragr1 up` supervises it: whatever dies is restarted with backoff. A third of
+the prompts cannot be served (questions over the policy's length limit), so their workers dead-letter
+them. Faults, each at a point drawn from ``--seed`` or chosen by the run's state:
+
+- the trainer SIGKILLed 5 times, spread over the run (during start-up, collection, an update or a save);
+- a rollout worker paused (SIGSTOP) while it holds prompts, past the reclaim time, then resumed: the
+  other worker reclaims them and the paused one's late copies must not be trained twice;
+- the other rollout worker SIGKILLed while it holds prompts (it comes back serving version 0; the trainer
+  must push it the current version again);
+- a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
+- Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart).
+
+Then, from Redis and the last checkpoint: the run reached its number of updates; no rollout id trained
+twice; trained rollouts come in whole groups; every admitted prompt is trained, dead-lettered with a
+reason, still in the queue at the end, dropped by the trainer's staleness bound or removed untaken at the
+end (counted from the trainer's log) -- none is missing; services restarted exactly as often as they were
+killed; both replicas serve the last version; no vLLM process outlives the stack. Writes ``faults.json``
+in the run folder and exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ragr1.data import ROOT
+from ragr1.services.common.process import ServiceProcess
+from ragr1.services.common.streams import PROMPTS, ROLLOUTS
+from ragr1.services.policy.client import PolicyClient
+from ragr1.services.retriever.client import RetrieverClient
+from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.stack import plan
+from ragr1.stack.config import StackConfig
+from ragr1.stack.index import ensure_index
+from ragr1.stack.local import policy_model, run_dir
+from ragr1.stack.questions import split_questions, write_jsonl
+from ragr1.stack.supervisor import RestartPolicy, Supervisor
+
+WORKER_GROUP = "rollout-workers"
+TRAINER_GROUP = "trainer"
+RECLAIM_MS = 15_000
+TRAINER_KILLS = 5
+TIMEOUT_S = 3600
+# Questions the policy refuses (over its max_question_chars of 4096): their prompts are dead-lettered.
+UNSERVABLE = "Which of these is the answer? " + "and which of them? " * 260
+
+
+@dataclasses.dataclass
+class Fault:
+    name: str
+    at_version: int  # not before the trainer has made this many updates
+    done: bool = False
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Chaos:
+    """Injects the faults one by one as the run reaches them; ``step`` is called twice a second."""
+
+    def __init__(self, supervisor: Supervisor, updates: int, seed: int) -> None:
+        self.s = supervisor
+        self.rng = random.Random(seed)
+        self.updates = updates
+        # The i-th trainer kill comes after update (i-1)//2, a random 5-60 s after the trainer (re)started;
+        # the other faults come after them, one at a time (each waits for the one before).
+        self.trainer_kills: list[dict[str, Any]] = []
+        self.next_kill_after = self.rng.uniform(5, 60)
+        self.started_at = time.monotonic()
+        self.faults = [
+            Fault("shard killed", at_version=3),
+            Fault("worker paused past the reclaim time", at_version=4),
+            Fault("worker killed", at_version=5),
+            Fault("redis killed", at_version=6),
+        ]
+        self._paused_at: float | None = None
+        self._trainer_pid: int | None = None
+
+    def proc(self, name: str) -> ServiceProcess:
+        return self.s.processes[name]
+
+    def version(self) -> int:
+        latest = Checkpointer(self.s.run_dir / "trainer" / "checkpoints").latest()
+        return int(latest[1]["version"]) if latest else 0
+
+    def pending(self, consumer: str) -> list[str]:
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            rows = client.xpending_range(PROMPTS, WORKER_GROUP, "-", "+", 100, consumername=consumer)
+        except Exception:  # the group does not exist yet, or Redis is restarting
+            return []
+        finally:
+            client.close()
+        return [row["message_id"].decode() for row in rows]
+
+    def step(self) -> None:
+        version = self.version()
+        trainer = self.proc("trainer")
+        if trainer.process is not None and trainer.process.pid != self._trainer_pid:
+            self._trainer_pid = trainer.process.pid
+            self.started_at = time.monotonic()
+        # One fault at a time, in order, so that each one's effect is its own: no trainer kill while another
+        # fault is due or under way (a restarted trainer re-publishes its version, which would hide whether a
+        # restarted replica is brought up to date by the running trainer).
+        fault = next((f for f in self.faults if not f.done), None)
+        busy = fault is not None and (bool(fault.detail) or version >= fault.at_version)
+        kills = len(self.trainer_kills)
+        if (not busy and kills < TRAINER_KILLS and version >= kills // 2 and version < self.updates and trainer.alive()
+                and time.monotonic() - self.started_at > self.next_kill_after):
+            trainer.signal(signal.SIGKILL)
+            self.trainer_kills.append({"at_version": version, "seconds_after_start": round(self.next_kill_after, 1)})
+            print(f"chaos: trainer SIGKILLed ({kills + 1} of {TRAINER_KILLS}) at version {version}, "
+                  f"{self.next_kill_after:.0f} s after it started", flush=True)
+            self.next_kill_after = self.rng.uniform(5, 60)
+            return
+        # A fault starts once the trainer is past its start-up (it must ride the fault out, not restart).
+        settled = trainer.alive() and time.monotonic() - self.started_at > 30
+        if fault is not None and version >= fault.at_version and (busy or settled):
+            getattr(self, "_" + fault.name.split()[0])(fault)
+
+    def _shard(self, fault: Fault) -> None:
+        shard = self.proc("retriever-shard-1")
+        if not fault.detail:
+            shard.signal(signal.SIGKILL)
+            fault.detail["killed_at"] = time.monotonic()
+            print("chaos: retriever-shard-1 SIGKILLed", flush=True)
+            return
+        if not shard.alive() or time.monotonic() - fault.detail["killed_at"] < 5:
+            return
+        router = RetrieverClient(next(spec.target for spec in self.s.specs if spec.name == "retriever"))
+        try:
+            ready = router.shards_ready(timeout=5)
+            if not all(ready):
+                return
+            reply = router.search(["Who wrote the novel Moby-Dick?"], top_k=5, timeout=10)
+        except Exception:
+            return
+        finally:
+            router.close()
+        fault.detail.update(back_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1),
+                            partial=reply.partial, hits=len(reply.results[0].passages))
+        fault.done = True
+        print(f"chaos: shard back, router answers in full: {not reply.partial}", flush=True)
+
+    def _worker(self, fault: Fault) -> None:
+        if fault.name.startswith("worker paused"):
+            self._pause(fault)
+        else:
+            self._kill_worker(fault)
+
+    def _pause(self, fault: Fault) -> None:
+        worker = self.proc("policy-1")
+        if self._paused_at is None:
+            held = self.pending("policy-1")
+            if not held or not worker.alive():
+                return
+            worker.signal(signal.SIGSTOP)
+            self._paused_at = time.monotonic()
+            fault.detail["held"] = held
+            print(f"chaos: policy-1 SIGSTOPped holding {len(held)} prompts", flush=True)
+            return
+        if time.monotonic() - self._paused_at < RECLAIM_MS / 1000 + 15:
+            return
+        # A stopped worker acknowledges nothing: what it no longer holds, the other one took over.
+        still = set(self.pending("policy-1"))
+        fault.detail["taken_over"] = sum(e not in still for e in fault.detail["held"])
+        worker.signal(signal.SIGCONT)
+        fault.detail["paused_s"] = round(time.monotonic() - self._paused_at, 1)
+        fault.done = True
+        print(f"chaos: policy-1 resumed after {fault.detail['paused_s']} s", flush=True)
+
+    def _kill_worker(self, fault: Fault) -> None:
+        """Killed while it holds prompts; done once the running trainer has sent the restarted replica (back
+        at version 0) its current version."""
+        worker = self.proc("policy-0")
+        if not fault.detail:
+            held = self.pending("policy-0")
+            if not held or not worker.alive():
+                return
+            worker.signal(signal.SIGKILL)
+            fault.detail.update(held=held, killed_at=time.monotonic(), trainer_pid=self._trainer_pid)
+            print(f"chaos: policy-0 SIGKILLed holding {len(held)} prompts", flush=True)
+            return
+        target = next(spec.target for spec in self.s.specs if spec.name == "policy-0")
+        try:
+            with PolicyClient(target) as client:
+                served = client.weight_version(timeout=5).version
+        except grpc.RpcError:
+            return  # still starting
+        fault.detail.setdefault("back_at_version", served)
+        if served < self.version():
+            return
+        fault.detail.update(caught_up_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1),
+                            serves=served, same_trainer=fault.detail.pop("trainer_pid") == self._trainer_pid)
+        fault.done = True
+        print(f"chaos: policy-0 back and serving v{served}", flush=True)
+
+    def _redis(self, fault: Fault) -> None:
+        """Killed while the trainer runs; done once the same trainer process has trained another update."""
+        assert self.s.redis is not None
+        if not fault.detail:
+            assert self.s.redis.process is not None
+            fault.detail.update(trainer_pid=self._trainer_pid, at_version=self.version(), killed_at=time.monotonic())
+            self.s.redis.process.send_signal(signal.SIGKILL)
+            self.s.redis.process.wait()
+            print("chaos: redis SIGKILLed", flush=True)
+            return
+        if self._trainer_pid != fault.detail["trainer_pid"]:
+            fault.detail["same_trainer"] = False
+        elif self.version() <= fault.detail["at_version"]:
+            return
+        fault.detail.setdefault("same_trainer", True)
+        fault.detail.update(next_update_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1))
+        fault.done = True
+        print(f"chaos: the trainer trained on after the Redis restart: {fault.detail['same_trainer']}", flush=True)
+
+
+def prompts_file(directory: Path) -> tuple[Path, int]:
+    """RL questions with every third replaced by one the policy refuses; returns the file and how many
+    templates it has."""
+    split = split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4, rl_sources=("popqa", "hotpotqa"))
+    records = []
+    for i, record in enumerate(split.rl):
+        records.append(record)
+        if i % 2 == 1:
+            records.append({**record, "question": f"{UNSERVABLE} ({i})"})
+    return write_jsonl(records, directory / "data" / "rl.jsonl"), len(records)
+
+
+def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Path, int]:
+    ports = plan.Ports.of(config)
+    model = policy_model(config)
+    prompts, templates = prompts_file(directory)
+    index = ensure_index(0, config.shards, config.index_type, config.max_passage_tokens,
+                         ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
+                                             rl_sources=("popqa", "hotpotqa")).passage_ids())
+    worker_flags = ["--reclaim-idle-ms", str(RECLAIM_MS), "--worker-batch", "2"]
+    second = ports.trainer + 1
+    policies = [plan.policy_spec(config, ports, model, name="policy-0"),
+                plan.policy_spec(config, ports, model, name="policy-1", port=second)]
+    for spec in policies:
+        spec.args += worker_flags
+    trainer = plan.trainer_spec(
+        config, ports, model, directory / "trainer",
+        "--prompts-file", str(prompts), "--mode", "multi", "--max-updates", str(updates), "--batch-size", "4",
+        "--samples-per-prompt", "2", "--advantage", "grpo", "--lora-rank", "16", "--actor-lr", "1e-4",
+        "--mini-batch-size", "4", "--micro-batch-size", "2", "--update-timeout-seconds", "60",
+        replicas=(ports.policy, second),
+    )
+    specs = [*plan.retrieval_specs(config, ports, index), plan.reward_spec(config, ports), *policies, trainer]
+    return Supervisor(directory, specs, ports.redis), prompts, templates
+
+
+def waiting(client: Any, stream: str, group: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The entries of ``stream`` the group has not finished: delivered and unacknowledged, or never delivered."""
+    pending = {row["message_id"] for row in client.xpending_range(stream, group, "-", "+", 100_000)}
+    last = next(g["last-delivered-id"] for g in client.xinfo_groups(stream) if g["name"].decode() == group)
+    return [(e, f) for e, f in client.xrange(stream) if e in pending] + client.xrange(stream, min=b"(" + last)
+
+
+def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) -> dict[str, Any]:
+    """What happened to every admitted prompt, from Redis and the last checkpoint; and the replicas' versions."""
+    served = {}
+    for spec in supervisor.specs:
+        if spec.name.startswith("policy"):
+            with PolicyClient(spec.target) as policy:
+                served[spec.name] = int(policy.weight_version(timeout=10).version)
+    assert supervisor.redis is not None
+    client: Any = supervisor.redis.client()  # redis-py's replies are typed loosely; used as documented
+    latest = Checkpointer(supervisor.run_dir / "trainer" / "checkpoints").latest()
+    assert latest is not None, "the trainer wrote no checkpoint"
+    trained: list[str] = list(latest[1]["trained_ids"])
+    tasks = int(client.hget(f"ragr1:trainer:{TRAINER_GROUP}", "tasks") or 0)
+
+    def number(task_id: str) -> int:
+        return int(task_id.rsplit("-", 1)[1])
+
+    def task_of(rollout_id: str) -> str:
+        return rollout_id.rsplit("/", 1)[0]
+
+    fate: dict[int, set[str]] = {n: set() for n in range(tasks)}
+    by_task = Counter(task_of(r) for r in trained)
+    for task in by_task:
+        fate[number(task)].add("trained")
+    reasons: Counter[str] = Counter()
+    for _, fields in client.xrange(PROMPTS + ":dead"):
+        fate[number(fields[b"id"].decode())].add("prompt dead-lettered")
+        reasons[re.sub(r"\d+", "N", fields[b"reason"].decode())[:80]] += 1
+    for _, fields in client.xrange(ROLLOUTS + ":dead"):
+        fate[number(task_of(fields[b"id"].decode()))].add("rollout dead-lettered")
+    for _, fields in waiting(client, PROMPTS, WORKER_GROUP):
+        fate[number(fields[b"id"].decode())].add("prompt still queued")
+    queued = {entry_id for entry_id, _ in waiting(client, ROLLOUTS, TRAINER_GROUP)}
+    produced: Counter[str] = Counter()
+    for entry_id, fields in client.xrange(ROLLOUTS):
+        rollout_id = fields[b"id"].decode()
+        produced[rollout_id] += 1
+        if task_of(rollout_id) in by_task:
+            continue
+        if entry_id in queued:
+            fate[number(task_of(rollout_id))].add("rollout still queued")
+        elif client.exists(f"ragr1:done:{ROLLOUTS}:{TRAINER_GROUP}:{rollout_id}"):
+            fate[number(task_of(rollout_id))].add("rollout settled untrained")  # stale, or a group dropped
+        else:
+            fate[number(task_of(rollout_id))].add("rollout LOST (acknowledged, neither trained nor marked)")
+    log = (supervisor.log_dir / "trainer.log").read_text(errors="replace")
+    removed = sum(int(n) for n in re.findall(r"removed (\d+) prompts no rollout worker had taken", log))
+    stale = sum(int(n) for n in re.findall(r"dropped (\d+) rollouts \(stale groups\)", log))
+    missing = sorted(n for n, f in fate.items() if not f)
+    client.close()
+    outcome = Counter(" + ".join(sorted(f)) or "no trace" for f in fate.values())
+    restarts = {name: info["restarts"] for name, info in supervisor.endpoints()["services"].items()}
+    restarts["redis"] = supervisor.endpoints()["redis_restarts"]
+    expected_restarts = {name: 0 for name in restarts} | {
+        "trainer": len(chaos.trainer_kills), "policy-0": 1, "retriever-shard-1": 1, "redis": 1}
+    checks = {
+        f"the run reached version {updates}": int(latest[1]["version"]) == updates,
+        "no rollout id trained twice": len(trained) == len(set(trained)),
+        f"{updates * 4} rollouts trained": len(trained) == updates * 4,
+        "trained rollouts come in whole groups of 2": all(c == 2 for c in by_task.values()),
+        "no rollout lost": not any("LOST" in " ".join(f) for f in fate.values()),
+        "no prompt trained and dead-lettered": not any({"trained", "prompt dead-lettered"} <= f for f in fate.values()),
+        "the unservable third dead-lettered, with the reason": all(
+            ("prompt dead-lettered" in fate[n]) == (n % templates % 3 == 2) for n in fate
+            if "prompt still queued" not in fate[n] and n not in missing),
+        # Prompts without any trace are the last ones admitted, which the trainer deletes untaken at the end.
+        "every other prompt accounted for (removed untaken at the end, as its log says)":
+            missing == list(range(tasks - removed, tasks)),
+        "each service restarted exactly as often as it was killed": restarts == expected_restarts,
+        "every fault injected": all(f.done for f in chaos.faults) and len(chaos.trainer_kills) == TRAINER_KILLS,
+        "the router answered in full once the shard was back": chaos.faults[0].detail.get("partial") is False,
+        "the paused worker's prompts were taken over by the other": chaos.faults[1].detail.get("taken_over")
+            == len(chaos.faults[1].detail.get("held", [None])),
+        "the killed worker, back at v0, was sent the current version by the running trainer":
+            chaos.faults[2].detail.get("same_trainer") is True,
+        "every replica serves the last version": set(served.values()) == {updates},
+        "the trainer rode out the Redis restart (same process, next update)":
+            chaos.faults[3].detail.get("same_trainer") is True,
+    }
+    return {
+        "checks": checks,
+        "prompts_admitted": tasks,
+        "outcomes": dict(outcome),
+        "dead_letter_reasons": dict(reasons),
+        "removed_untaken_at_end": removed,
+        "rollouts_dropped_stale": stale,
+        "rollout_ids_produced_twice": sum(1 for c in produced.values() if c > 1),
+        "rollouts_trained": len(trained),
+        "replica_versions": served,
+        "restarts": restarts,
+        "trainer_kills": chaos.trainer_kills,
+        "faults": {f.name: {k: v for k, v in f.detail.items() if k not in ("held", "trainer_pid")}
+                   | {"held": len(f.detail.get("held", []))} for f in chaos.faults},
+    }
+
+
+def engine_processes() -> set[int]:
+    """vLLM's engine-core and worker processes on this machine (they name themselves ``VLLM::…``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(b"VLLM::"):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-dir", default="")
+    parser.add_argument("--base-port", type=int, default=24000)
+    args = parser.parse_args(argv)
+    config = StackConfig(run_dir=args.run_dir or str(ROOT / "runs" / f"faults-{time.strftime('%Y%m%d-%H%M%S')}"),
+                         base_port=args.base_port, max_turns=2, max_tokens_per_turn=64, tokens_per_query=64,
+                         max_model_len=2048, kv_cache_gib=1, reward="f1")
+    directory = run_dir(config)
+    supervisor, _, templates = build(config, directory, args.updates)
+    started, before = time.monotonic(), engine_processes()
+    print(f"starting the stack; logs in {supervisor.log_dir}", flush=True)
+    restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=TIMEOUT_S, first_backoff=1.0,
+                             max_backoff=5.0)
+    with supervisor.start():
+        chaos = Chaos(supervisor, args.updates, args.seed)
+        trainer = supervisor.processes["trainer"]
+        while True:
+            if trainer.process is not None and trainer.process.poll() == 0:
+                break
+            reason = supervisor.watch(restarts)
+            if reason is not None:
+                print(reason, flush=True)
+                return 1
+            chaos.step()
+            if time.monotonic() - started > TIMEOUT_S:
+                print(f"the run did not finish in {TIMEOUT_S} s; logs in {supervisor.log_dir}", flush=True)
+                return 1
+            time.sleep(0.5)
+        seconds = time.monotonic() - started
+        report = audit(supervisor, args.updates, templates, chaos) | {"seconds": round(seconds, 1)}
+    # A killed policy's vLLM processes must not outlive it (they held 3 GB each, and a restart then
+    # failed for want of memory): none of those started during the run may be left.
+    time.sleep(2)
+    report["engine_processes_left"] = len(engine_processes() - before)
+    report["checks"]["no vLLM process left behind"] = report["engine_processes_left"] == 0
+    (directory / "faults.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    failed = [name for name, ok in report["checks"].items() if not ok]
+    print(f"{'FAILED: ' + '; '.join(failed) if failed else 'all checks passed'} ({seconds / 60:.1f} min); "
+          f"report {directory / 'faults.json'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
