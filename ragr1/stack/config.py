@@ -36,6 +36,9 @@ class StackConfig:
 class UpConfig(StackConfig):
     index_passages: int = setting(0, "index the first N corpus passages; 0: the whole shipped corpus")
     trainer: bool = setting(True, "start the PPO trainer too (it trains until stopped)")
+    auth: bool = setting(
+        False, "a random bearer token on every gRPC call and a Redis password, in files under run_dir/secrets"
+    )
     max_restarts: int = setting(
         RestartPolicy.max_restarts,
         f"restarts of a service that dies (with backoff) within {RestartPolicy.window_seconds:.0f} s before the "

@@ -37,10 +37,11 @@ def policy_model(config: StackConfig) -> Path:
 
 def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[ServiceSpec] = (),
                 reserved: Sequence[ServiceSpec] = (), model: Path | None = None, index_passages: int = 0,
-                index_ids: set[str] | None = None) -> Supervisor:
+                index_ids: set[str] | None = None, auth: bool = False) -> Supervisor:
     """Checks every port (``reserved``'s too: services started later), prepares the model and the index
     (the first ``index_passages`` of the shipped corpus, 0 for all, or the passages ``index_ids``), then
-    starts the services (``extra`` after the core ones) and waits for their health."""
+    starts the services (``extra`` after the core ones) and waits for their health. ``auth``: see
+    ``Supervisor``."""
     ports = plan.Ports.of(config)
     model = model or policy_model(config)
 
@@ -52,7 +53,7 @@ def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[Service
     Supervisor(directory, [*specs(directory), *reserved], ports.redis).check_ports()
     index_dir = ensure_index(index_passages, config.shards, config.index_type, config.max_passage_tokens,
                              ids=index_ids)
-    supervisor = Supervisor(directory, specs(index_dir), ports.redis)
+    supervisor = Supervisor(directory, specs(index_dir), ports.redis, auth=auth)
     print(f"starting {len(supervisor.specs)} services and Redis; logs in {supervisor.log_dir}", flush=True)
     return supervisor.start()
 
@@ -63,6 +64,9 @@ def describe(supervisor: Supervisor) -> str:
         extra = "  ".join(f"{k} {v}" for k, v in info.items() if k not in ("grpc", "metrics", "log"))
         lines.append(f"  {name:<20} grpc {info['grpc']}  metrics {info['metrics']}  {extra}".rstrip())
     lines.append(f"  endpoints  {supervisor.run_dir / 'endpoints.json'}")
+    if supervisor.auth:
+        lines.append(f"  token      {supervisor.auth.token_file} (gRPC: authorization: Bearer <token>)")
+        lines.append(f"  redis password {supervisor.auth.redis_password_file}")
     return "\n".join(lines)
 
 
@@ -92,7 +96,8 @@ def up(config: UpConfig) -> int:
     trainers = []
     if config.trainer:
         trainers.append(plan.trainer_spec(config, ports, model, directory / "checkpoints", "--max-updates", "0"))
-    supervisor = start_stack(config, directory, extra=trainers, model=model, index_passages=config.index_passages)
+    supervisor = start_stack(config, directory, extra=trainers, model=model, index_passages=config.index_passages,
+                             auth=config.auth)
     try:
         print("the stack is up:\n" + describe(supervisor), flush=True)
         print("Ctrl-C stops everything.", flush=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer
+from ragr1.stack.auth import StackAuth
 
 
 @dataclasses.dataclass
@@ -71,10 +72,13 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, specs: Sequence[ServiceSpec], redis_port: int) -> None:
+    def __init__(self, run_dir: Path, specs: Sequence[ServiceSpec], redis_port: int, *, auth: bool = False) -> None:
+        """``auth``: a bearer token on every gRPC call and a Redis password (``StackAuth``, in
+        run_dir/secrets); the owner's own clients take ``self.auth.channel_options()`` and ``redis.client()``."""
         self.run_dir = run_dir
         self.specs = list(specs)
         self.redis_port = redis_port
+        self.auth = StackAuth.create(run_dir / "secrets") if auth else None
         self.redis: RedisServer | None = None
         self.processes: dict[str, ServiceProcess] = {}
         # Per service (redis included): when it was restarted, and when it is due to be (after its backoff).
@@ -108,7 +112,8 @@ class Supervisor:
         self.check_ports()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.redis = RedisServer(port=self.redis_port, data_dir=self.run_dir / "redis").start()
+            self.redis = RedisServer(port=self.redis_port, data_dir=self.run_dir / "redis",
+                                     password=self.auth.redis_password if self.auth else "").start()
             for spec in self.specs:
                 self._start(spec)
         except BaseException:
@@ -120,7 +125,7 @@ class Supervisor:
     def _start(self, spec: ServiceSpec) -> ServiceProcess:
         proc = ServiceProcess.ragr1(
             spec.name, spec.args, spec.target, self.log_dir / f"{spec.name}.log",
-            start_timeout=spec.start_timeout, env=spec.env or None,
+            start_timeout=spec.start_timeout, env={**(self.auth.env() if self.auth else {}), **spec.env} or None,
         )
         self.processes[spec.name] = proc
         try:
@@ -145,6 +150,8 @@ class Supervisor:
             "logs": str(self.log_dir),
             "services": {},
         }
+        if self.auth:
+            out["secrets"] = self.auth.describe()
         for spec in self.specs:
             out["services"][spec.name] = {
                 "grpc": spec.target,

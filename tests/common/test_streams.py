@@ -189,3 +189,26 @@ def test_a_queue_client_rides_out_a_redis_restart_and_loses_nothing_acknowledged
             plain.ping()
     finally:
         server.stop()
+
+
+def test_a_passworded_redis_refuses_a_client_without_it_and_takes_the_password_from_a_file(tmp_path: Path) -> None:
+    """Redis AUTH as the workers and the trainer use it (``redis_password_file``): a password with quotes,
+    backslashes and non-ASCII text reaches redis-server in a file only its owner reads (not on its
+    command line); a client without it is refused; a missing password file is an error naming the file."""
+    password = 'pa ss "wo\\rd" é'
+    server = RedisServer(data_dir=tmp_path / "redis", password=password).start()
+    try:
+        assert server.process is not None and password not in " ".join(map(str, server.process.args))
+        assert (tmp_path / "redis" / "auth.conf").stat().st_mode & 0o777 == 0o600
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(server.url).xlen(PROMPTS)
+        secret = tmp_path / "redis-password"
+        secret.write_text(password + "\n")
+        queue = StreamQueue(connect(server.url, str(secret)), ROLLOUTS, common_pb2.Rollout, group="g", consumer="c")
+        queue.ensure_group()
+        queue.produce([rollout(0)])
+        assert [d.message.id for d in queue.consume(1)] == [rollout(0).id]
+        with pytest.raises(ValueError, match=f"redis_password_file {tmp_path / 'missing'}"):
+            connect(server.url, str(tmp_path / "missing"))
+    finally:
+        server.stop()

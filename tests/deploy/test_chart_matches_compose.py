@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from ragr1.services.common.config import add_arguments, load
+from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import DEFAULT_ENCODER
@@ -39,7 +40,8 @@ PLATFORM = {
     "retriever_address": "service DNS names (compared: the port)",
     "reward_address": "service DNS names (compared: the port)",
     "policy_replicas": "replica DNS names (compared: how many, the port)",
-    "redis_url": "the chart's Redis has a password",
+    "redis_url": "service DNS names; the chart puts its Redis password in the URL (compared: a password on both sides)",
+    "redis_password_file": "compose reads the Redis password from a secret file, the chart from its URL",
     "auth_token_file": "secrets mount at other paths (compared: set on both sides)",
     "worker_name": "the pod's name in the chart (compared: stable on both sides)",
     "drain_seconds": "Kubernetes takes longer than compose's DNS to stop sending traffic to a pod",
@@ -116,6 +118,8 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
     assert bool(on_compose.auth_token_file) and bool(on_chart.auth_token_file), "auth on both sides"
     for side, variables in (("compose", ours["environment"]), ("chart", env(theirs))):
         assert variables["RAGR1_CLIENT_TOKEN_FILE"] == variables["RAGR1_AUTH_TOKEN_FILE"], side
+    if isinstance(on_compose, QueueConfig):  # Redis AUTH on both sides, each its own way
+        assert on_compose.redis_password_file and re.match(r"redis://:[^@]+@", on_chart.redis_url)
     if cls is RouterConfig:
         assert len(on_compose.shards) == len(on_chart.shards)
     for name in ("retriever_address", "reward_address"):

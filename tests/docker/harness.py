@@ -17,11 +17,11 @@ checked the way a user would check it; once as docker-compose.yml is, once with 
 4. For each mode, `docker-compose up` of every service but Grafana (no image), and the checks: every
    container healthy (the index job exited 0) and none restarted; `curl` to the router's /retrieve
    returns passages; a gRPC client generated from proto/ alone calls the retriever through the
-   published port (with auth on: refused without the token, answered with it); the trainer makes at
-   least two PPO updates through Redis and the policy's GetWeightVersion follows them; Prometheus
-   reports every ragr1 target up and every dashboard query returns data; `down -v` leaves no
-   container, volume or network of the project. Figures: image size, build times, the time from
-   `up` to every container healthy, the trainer's peak memory.
+   published port (with auth on: refused without the token, answered with it; and Redis refuses a
+   client without its password); the trainer makes at least two PPO updates through Redis and the
+   policy's GetWeightVersion follows them; Prometheus reports every ragr1 target up and every dashboard
+   query returns data; `down -v` leaves no container, volume or network of the project. Figures: image
+   size, build times, the time from `up` to every container healthy, the trainer's peak memory.
 """
 
 from __future__ import annotations
@@ -433,6 +433,15 @@ def check_generated_client(token: str) -> None:
     say(f"ok: a client generated from proto/ searched through localhost:50051{refused}: {out['with_token']}")
 
 
+def check_redis_refuses(compose: list[str], env: dict[str, str]) -> None:
+    """Redis with the auth overlay: a client without the password is refused (the workers and the trainer,
+    which read it from their secret, are what makes the updates further on)."""
+    out = run([*compose, "exec", "-T", "redis", "redis-cli", "xlen", "ragr1:prompts"], env=env, check=False)
+    if "NOAUTH" not in out.stdout + out.stderr:
+        raise Failed(f"Redis answered a client without its password: {out.stdout.strip()!r}")
+    say("ok: Redis refused a client without its password (NOAUTH)")
+
+
 def check_failure_drills(compose: list[str], env: dict[str, str], token: str) -> None:
     """What a user sees when things go wrong, with the stack up: bad input is refused naming the
     limit; a shard down makes the router answer UNAVAILABLE naming the shard, and it serves again
@@ -565,6 +574,9 @@ def run_stack(compose_base: list[str], mode: str, images: dict[str, str], keep: 
         (secrets / "token").write_text(token + "\n")
         (secrets / "token").chmod(0o644)  # read by uid 10001 in the containers
         env["RAGR1_TOKEN_FILE"] = str(secrets / "token")
+        (secrets / "redis-password").write_text(os.urandom(24).hex() + "\n")
+        (secrets / "redis-password").chmod(0o644)
+        env["RAGR1_REDIS_SECRET_FILE"] = str(secrets / "redis-password")
     figures: dict[str, Any] = {"mode": mode}
     run([*compose, "down", "-v", "--remove-orphans"], env=env, timeout=600)
     try:
@@ -577,6 +589,8 @@ def run_stack(compose_base: list[str], mode: str, images: dict[str, str], keep: 
         check_retrieve_with_curl()
         check_generated_client(token)
         check_failure_drills(compose, env, token)
+        if mode == "auth":
+            check_redis_refuses(compose, env)
         figures.update(wait_for_updates(compose, env))
         figures["dashboard_queries"] = check_prometheus()
         restarted = {service_of(c): c["RestartCount"] for c in containers() if c["RestartCount"]}

@@ -17,6 +17,11 @@ them. Faults, each at a point drawn from ``--seed`` or chosen by the run's state
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
 - Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart).
 
+Auth is on, as `ragr1 up --auth` turns it on (a bearer token on every gRPC call, a Redis password): before
+the faults, each service is called without the token and with it, and Redis without its password; after
+the run, no file of the run folder (logs, step logs, checkpoint metadata) and no process's command line
+may hold either secret.
+
 Then, from Redis and the last checkpoint: the run reached its number of updates; no rollout id trained
 twice; trained rollouts come in whole groups; every admitted prompt is trained, dead-lettered with a
 reason, still in the queue at the end, dropped by the trainer's staleness bound or removed untaken at the
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import redis
 
 from ragr1.data import ROOT
 from ragr1.services.common.process import ServiceProcess
@@ -91,6 +97,8 @@ class Chaos:
         ]
         self._paused_at: float | None = None
         self._trainer_pid: int | None = None
+        assert supervisor.auth is not None
+        self.options = supervisor.auth.channel_options()
 
     def proc(self, name: str) -> ServiceProcess:
         return self.s.processes[name]
@@ -144,7 +152,8 @@ class Chaos:
             return
         if not shard.alive() or time.monotonic() - fault.detail["killed_at"] < 5:
             return
-        router = RetrieverClient(next(spec.target for spec in self.s.specs if spec.name == "retriever"))
+        router = RetrieverClient(next(spec.target for spec in self.s.specs if spec.name == "retriever"),
+                                 self.options)
         try:
             ready = router.shards_ready(timeout=5)
             if not all(ready):
@@ -200,7 +209,7 @@ class Chaos:
             return
         target = next(spec.target for spec in self.s.specs if spec.name == "policy-0")
         try:
-            with PolicyClient(target) as client:
+            with PolicyClient(target, self.options) as client:
                 served = client.weight_version(timeout=5).version
         except grpc.RpcError:
             return  # still starting
@@ -265,7 +274,7 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
         replicas=(ports.policy, second),
     )
     specs = [*plan.retrieval_specs(config, ports, index), plan.reward_spec(config, ports), *policies, trainer]
-    return Supervisor(directory, specs, ports.redis), prompts, templates
+    return Supervisor(directory, specs, ports.redis, auth=True), prompts, templates
 
 
 def waiting(client: Any, stream: str, group: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -280,7 +289,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     served = {}
     for spec in supervisor.specs:
         if spec.name.startswith("policy"):
-            with PolicyClient(spec.target) as policy:
+            with PolicyClient(spec.target, chaos.options) as policy:
                 served[spec.name] = int(policy.weight_version(timeout=10).version)
     assert supervisor.redis is not None
     client: Any = supervisor.redis.client()  # redis-py's replies are typed loosely; used as documented
@@ -371,6 +380,61 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     }
 
 
+# A call of each service that needs no particular request (an empty Score is refused as invalid, after auth).
+CALLS = {"retriever-shard": "RetrieverShard/ShardInfo", "retriever": "Retriever/Info", "reward": "Reward/Score",
+         "policy": "Policy/GetWeightVersion", "trainer": "Trainer/Status"}
+
+
+def refusals(supervisor: Supervisor) -> dict[str, dict[str, str]]:
+    """Per service: the status of one call without the token and with it; and Redis without its password."""
+    assert supervisor.auth is not None
+    token = supervisor.auth.token
+    out = {}
+    for spec in supervisor.specs:
+        method = "/ragr1.v1." + next(m for prefix, m in CALLS.items() if spec.name.startswith(prefix))
+        with grpc.insecure_channel(spec.target) as channel:
+            call = channel.unary_unary(method)
+            codes = {}
+            for label, metadata in (("without token", ()), ("with token", (("authorization", f"Bearer {token}"),))):
+                try:
+                    call(b"", timeout=10, metadata=metadata)
+                    codes[label] = "OK"
+                except grpc.RpcError as exc:
+                    codes[label] = exc.code().name
+        out[spec.name] = codes
+    assert supervisor.redis is not None
+    bare: Any = redis.Redis(host=supervisor.redis.host, port=supervisor.redis.port)
+    try:
+        bare.xlen(PROMPTS)
+        out["redis"] = {"without password": "OK"}
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        out["redis"] = {"without password": type(exc).__name__}
+    finally:
+        bare.close()
+    return out
+
+
+def secrets_exposed(supervisor: Supervisor, max_bytes: int = 20 << 20) -> list[str]:
+    """Where the token or the Redis password appears: any file of the run folder up to ``max_bytes`` (logs,
+    step logs, checkpoint metadata; not the secret files themselves) and the command line of any process."""
+    assert supervisor.auth is not None
+    secrets = [supervisor.auth.token.encode(), supervisor.auth.redis_password.encode()]
+    kept = {supervisor.auth.token_file, supervisor.auth.redis_password_file}
+    found = []
+    for path in supervisor.run_dir.rglob("*"):
+        if path.is_file() and path not in kept and path.stat().st_size <= max_bytes:
+            data = path.read_bytes()
+            found += [str(path) for secret in secrets if secret in data]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            found += [f"the command line of pid {entry.name}" for secret in secrets if secret in cmdline]
+    return found
+
+
 def engine_processes() -> set[int]:
     """vLLM's engine-core and worker processes on this machine (they name themselves ``VLLM::…``)."""
     found = set()
@@ -401,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=TIMEOUT_S, first_backoff=1.0,
                              max_backoff=5.0)
     with supervisor.start():
+        refused = refusals(supervisor)
         chaos = Chaos(supervisor, args.updates, args.seed)
         trainer = supervisor.processes["trainer"]
         while True:
@@ -417,6 +482,14 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         seconds = time.monotonic() - started
         report = audit(supervisor, args.updates, templates, chaos) | {"seconds": round(seconds, 1)}
+        report["auth"] = refused
+        report["checks"]["every service refuses a call without the token, Redis one without its password"] = (
+            all(codes.get("without token") == "UNAUTHENTICATED" and codes.get("with token") != "UNAUTHENTICATED"
+                for name, codes in refused.items() if name != "redis")
+            and refused["redis"]["without password"] == "AuthenticationError")
+        report["secrets_exposed"] = secrets_exposed(supervisor)
+        report["checks"]["no secret in any file of the run (logs included) or on any command line"] = (
+            not report["secrets_exposed"])
     # A killed policy's vLLM processes must not outlive it (they held 3 GB each, and a restart then
     # failed for want of memory): none of those started during the run may be left.
     time.sleep(2)

@@ -9,9 +9,18 @@ import signal
 import time
 from pathlib import Path
 
+import grpc
+import pytest
+import redis
+
+from ragr1.services.common.client import ChannelOptions
+from ragr1.services.common.config import load
 from ragr1.services.common.process import wait_serving
 from ragr1.services.common.redis_server import free_port
+from ragr1.services.reward.client import RewardClient
+from ragr1.services.trainer.config import PPOConfig
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor, port_in_use
+from ragr1.v1 import reward_pb2
 
 
 def reward_spec() -> ServiceSpec:
@@ -69,6 +78,45 @@ def test_a_dead_service_is_restarted_and_one_that_keeps_dying_stops_the_stack(tm
         reason = watch_until(supervisor, policy, lambda: False)
         assert reason is not None and "reward died" in reason and "reward.log" in reason
         assert "gave up: restarted 2 times" in reason
+
+
+def test_with_auth_every_service_needs_the_token_redis_its_password_and_no_secret_is_shown(tmp_path: Path) -> None:
+    """``ragr1 up --auth``: the secrets are random, in files only their owner reads; a service started by
+    the supervisor refuses a call without the token and answers with it; Redis refuses a client without
+    its password; the settings of the queue's users find it through the environment the supervisor sets;
+    neither secret is in endpoints.json, a log or a command line; a stack started again in the same run
+    folder keeps them."""
+    spec = reward_spec()
+    with Supervisor(tmp_path, [spec], free_port(), auth=True) as supervisor:
+        auth = supervisor.auth
+        assert auth is not None
+        assert (tmp_path / "secrets").stat().st_mode & 0o777 == 0o700
+        assert all(f.stat().st_mode & 0o777 == 0o600 for f in (auth.token_file, auth.redis_password_file))
+        assert len(auth.token) >= 40 and auth.token != auth.redis_password
+        empty = reward_pb2.ScoreRequest()
+        with RewardClient(spec.target, ChannelOptions(token="")) as anonymous:
+            with pytest.raises(grpc.RpcError) as refused:
+                anonymous.stub.Score(empty, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert anonymous.health(timeout=10)  # probes carry no token
+        with RewardClient(spec.target, auth.channel_options()) as client:
+            assert client.stub.Score(empty, timeout=10) == reward_pb2.ScoreResponse()
+        assert supervisor.redis is not None
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host=supervisor.redis.host, port=supervisor.redis.port).ping()
+        trainer_settings = load(PPOConfig, env=auth.env())
+        assert trainer_settings.redis_client().ping()  # the settings' name and the supervisor's env agree
+        secrets = [auth.token, auth.redis_password]
+        process = supervisor.processes["reward"].process
+        assert process is not None
+        shown = [
+            (tmp_path / "endpoints.json").read_text(), (tmp_path / "logs" / "reward.log").read_text(),
+            (tmp_path / "redis" / "redis.log").read_text(), Path(f"/proc/{process.pid}/cmdline").read_text(),
+        ]
+        assert not [s for s in secrets if any(s in text for text in shown)]
+        assert json.loads(shown[0])["secrets"]["token_file"] == str(auth.token_file)
+    again = Supervisor(tmp_path, [reward_spec()], free_port(), auth=True)
+    assert again.auth is not None and [again.auth.token, again.auth.redis_password] == secrets
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:

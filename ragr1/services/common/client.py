@@ -27,6 +27,7 @@ from typing import Any, Generic, Self, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ragr1.services.common.config import read_secret
 from ragr1.services.common.server import DEFAULT_MAX_MESSAGE_BYTES
 
 CLIENT_ENV_PREFIX = "RAGR1_CLIENT_"
@@ -41,15 +42,7 @@ def _from_env(name: str) -> str:
 
 def _token_from_env() -> str:
     path = os.environ.get(TOKEN_ENV, "")
-    if not path:
-        return ""
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ValueError(f"{TOKEN_ENV}={path}: {exc}") from exc
-    if not token:
-        raise ValueError(f"{TOKEN_ENV}={path} is empty")
-    return token
+    return read_secret(path, TOKEN_ENV) if path else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,18 @@ def setting(default: Any, help: str, *, factory: bool = False) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def read_secret(path: str, what: str) -> str:
+    """The secret held in the file ``path`` (a token, a password), stripped; an error names ``what`` and
+    the file, never the content."""
+    try:
+        secret = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from exc
+    if not secret:
+        raise ValueError(f"{what} {path} is empty")
+    return secret
+
+
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 

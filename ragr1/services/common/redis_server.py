@@ -57,12 +57,14 @@ class RedisServer:
     """A ``redis-server`` child process. ``with RedisServer() as r: r.url`` …
 
     ``data_dir`` keeps the append-only file there (so that a restarted server keeps the streams);
-    without it a temporary directory is used and removed on stop.
+    without it a temporary directory is used and removed on stop. ``password``: AUTH required; it reaches
+    the server in a config file only its owner reads, not on the command line (``ps`` shows that to all).
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", data_dir: Path | None = None,
-                 binary: str | None = None, start_timeout: float = 10.0) -> None:
+                 binary: str | None = None, start_timeout: float = 10.0, password: str = "") -> None:
         self.host = host
+        self.password = password
         self.port = port or free_port(host)
         self.binary = binary or find_redis_binary()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -78,14 +80,24 @@ class RedisServer:
         return f"redis://{self.host}:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host=self.host, port=self.port)
+        return redis.Redis(host=self.host, port=self.port, password=self.password or None)
 
     def start(self) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = []
+        if self.password:
+            auth = self.data_dir / "auth.conf"
+            auth.touch(mode=0o600)
+            auth.chmod(0o600)
+            # Every byte as \xHH in double quotes: redis.conf's quoting, whatever the password holds.
+            quoted = "".join(f"\\x{b:02x}" for b in self.password.encode())
+            auth.write_text(f'requirepass "{quoted}"\n')
+            config.append(str(auth))
         log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
             [
                 self.binary,
+                *config,
                 "--port", str(self.port),
                 "--bind", self.host,
                 "--dir", str(self.data_dir),

@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragr1.services.common import errors, ports
-from ragr1.services.common.config import setting
+from ragr1.services.common.config import read_secret, setting
 from ragr1.services.common.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS, SERVING, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -76,12 +76,7 @@ class ServerConfig:
         return grpc_port + ports.METRICS_OFFSET if grpc_port else 0
 
     def auth_token(self) -> str | None:
-        if not self.auth_token_file:
-            return None
-        token = Path(self.auth_token_file).read_text().strip()
-        if not token:
-            raise ValueError(f"auth_token_file {self.auth_token_file} is empty")
-        return token
+        return read_secret(self.auth_token_file, "auth_token_file") if self.auth_token_file else None
 
 
 def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:

@@ -24,6 +24,9 @@ from prometheus_client import Counter
 from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 
+from ragr1.services.common import ports
+from ragr1.services.common.config import read_secret, setting
+
 log = logging.getLogger(__name__)
 
 PROMPTS = "prompts"
@@ -62,18 +65,35 @@ RECONNECT_RETRIES = 12
 RECONNECT_CAP_SECONDS = 5.0
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str, password_file: str = "") -> redis.Redis:
     """A client for the queue's Redis that reconnects with backoff instead of failing at the first refused
     connection (redis-py's default here: no retry, so a Redis restart killed the trainer). A command whose
     reply was lost is sent again: every write of the queue is safe to repeat (ids de-duplicate), except
-    the admission counters, which a lost reply at the wrong moment can leave a few rollouts off."""
+    the admission counters, which a lost reply at the wrong moment can leave a few rollouts off.
+
+    ``password_file``: Redis AUTH with the password held there, which stays out of the URL, so out of
+    command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too. TLS:
+    a ``rediss://`` URL."""
+    password = read_secret(password_file, "redis_password_file") if password_file else None
     return redis.Redis.from_url(
         url,
+        **({"password": password} if password else {}),
         retry=Retry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
         socket_connect_timeout=5.0,
         socket_keepalive=True,
         health_check_interval=30,
     )
+
+
+@dataclasses.dataclass
+class QueueConfig:
+    """The settings of a service that uses the queue (the rollout workers, the trainer)."""
+
+    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams (rediss:// for TLS)")
+    redis_password_file: str = setting("", "file holding the Redis password (AUTH on if set)")
+
+    def redis_client(self) -> redis.Redis:
+        return connect(self.redis_url, self.redis_password_file)
 
 
 def _text(value: bytes | str) -> str:

@@ -9,6 +9,7 @@ from ragr1.agent.prompts import Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
+from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, Sampling
 from ragr1.services.policy.engine import EngineSettings
 from ragr1.services.policy.weights import InFlight
@@ -19,7 +20,7 @@ _SAMPLING = Sampling()
 
 
 @dataclasses.dataclass
-class PolicyConfig(ServerConfig):
+class PolicyConfig(ServerConfig, QueueConfig):
     port: int = setting(ports.POLICY, "gRPC port; 0 picks a free one")
     # Engine.
     model: str = setting("", "checkpoint directory to serve; empty: SmolLM2-135M-Instruct from its package")
@@ -66,7 +67,6 @@ class PolicyConfig(ServerConfig):
     )
     # Rollout-worker mode.
     worker: bool = setting(False, "also consume PromptTasks from Redis and produce scored Rollouts")
-    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts/rollouts streams")
     worker_group: str = setting("rollout-workers", "consumer group on the prompts stream")
     worker_name: str = setting(
         "", "consumer name, stable per replica (e.g. the pod name) so that a restarted replica resumes its "

@@ -12,7 +12,7 @@ from typing import Protocol, cast
 
 from ragr1.agent.prompts import Tokenizer
 from ragr1.services.common.server import GrpcServer
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue, connect
+from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.backends import RetrieverSearch, RewardScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
@@ -56,7 +56,7 @@ async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> 
 
 
 def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardScorer) -> RolloutWorker:
-    client = connect(config.redis_url)
+    client = config.redis_client()
     # Deployments set a stable name per replica (see PolicyConfig.worker_name); host-pid is unique
     # but changes with every restart.
     name = config.worker_name or f"{socket.gethostname()}-{os.getpid()}"

@@ -10,6 +10,7 @@ from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
+from ragr1.services.common.streams import QueueConfig
 
 # The KL estimators ppo.kl_penalty implements (this module stays free of torch: the CLI imports it).
 KL_KINDS = ("k1", "k3")
@@ -153,9 +154,8 @@ class PPOSettings(ModelSettings):
 
 
 @dataclasses.dataclass
-class PPOConfig(PPOSettings, ServerConfig):
+class PPOConfig(PPOSettings, ServerConfig, QueueConfig):
     port: int = setting(ports.TRAINER, "gRPC port of the Trainer.Status service; 0 picks a free one")
-    redis_url: str = setting(ports.REDIS_URL, "Redis holding the prompts and rollouts streams")
     group: str = setting("trainer", "consumer group on the rollouts stream")
     consumer: str = setting("trainer-0", "consumer name; a restart with the same name resumes its pending")
     prompts_file: str = setting("", "QA JSONL or Search-R1 parquet of prompts; empty = train/hotpotqa")

@@ -10,7 +10,6 @@ from pathlib import Path
 from ragr1 import data as shipped
 from ragr1.models import prepare_policy_model
 from ragr1.services.common.server import GrpcServer, configure_logging
-from ragr1.services.common.streams import connect
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
@@ -51,7 +50,7 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
         log.warning("max_updates is 0 (train until stopped): the learning rates start at full, without warm-up")
     prompts = Path(config.prompts_file) if config.prompts_file else shipped.train_path("hotpotqa")
     tasks = load_tasks(prompts, config.mode, config.prompt_limit or None)
-    client = connect(config.redis_url)
+    client = config.redis_client()
     client.ping()
     out = Path(config.output_dir)
     publisher = None
