@@ -212,3 +212,27 @@ def test_a_passworded_redis_refuses_a_client_without_it_and_takes_the_password_f
             connect(server.url, str(tmp_path / "missing"))
     finally:
         server.stop()
+
+
+def test_trim_deletes_only_what_every_consuming_group_is_done_with(redis_client: redis.Redis) -> None:
+    """What a consumer still needs stays: its pending entries (a restart re-reads them) and the entries
+    not yet delivered; what is acknowledged before the oldest pending entry goes. The producer's own
+    group reads nothing and holds nothing back; with no consuming group, nothing goes."""
+    tasks = [common_pb2.PromptTask(id=f"p{i}", question=f"q{i}") for i in range(10)]
+    producer = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="trainer")
+    producer.ensure_group()
+    producer.produce(tasks)
+    assert producer.trim() == 0 and producer.depth() == 10  # no worker group yet: it will read from the start
+    worker = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="w0")
+    worker.ensure_group()
+    got = worker.consume(6)
+    worker.ack([got[i] for i in (0, 1, 3, 4)])  # p2 and p5 still being worked on, p6-p9 not delivered
+    assert producer.trim() == 2 and producer.depth() == 8  # p0, p1; p3 and p4 wait behind pending p2
+    restarted = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="w0")
+    assert [d.message.id for d in restarted.consume(10, pending=True)] == ["p2", "p5"]
+    rest = restarted.consume(10)
+    assert [d.message.id for d in rest] == ["p6", "p7", "p8", "p9"]
+    restarted.ack(rest)
+    assert producer.trim() == 0  # p2 pending: nothing after it goes
+    restarted.ack([d for d in got if d.message.id in ("p2", "p5")])
+    assert producer.trim() == 8 and producer.depth() == 0

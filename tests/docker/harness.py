@@ -436,7 +436,7 @@ def check_generated_client(token: str) -> None:
 def check_redis_refuses(compose: list[str], env: dict[str, str]) -> None:
     """Redis with the auth overlay: a client without the password is refused (the workers and the trainer,
     which read it from their secret, are what makes the updates further on)."""
-    out = run([*compose, "exec", "-T", "redis", "redis-cli", "xlen", "ragr1:prompts"], env=env, check=False)
+    out = run([*compose, "exec", "-T", "redis", "redis-cli", "xlen", "prompts"], env=env, check=False)
     if "NOAUTH" not in out.stdout + out.stderr:
         raise Failed(f"Redis answered a client without its password: {out.stdout.strip()!r}")
     say("ok: Redis refused a client without its password (NOAUTH)")

@@ -271,6 +271,8 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
         "--prompts-file", str(prompts), "--mode", "multi", "--max-updates", str(updates), "--batch-size", "4",
         "--samples-per-prompt", "2", "--advantage", "grpo", "--lora-rank", "16", "--actor-lr", "1e-4",
         "--mini-batch-size", "4", "--micro-batch-size", "2", "--update-timeout-seconds", "60",
+        # The audit reads every entry the run produced; trimming (tests/trainer/test_loop.py) would delete them.
+        "--no-trim-streams",
         replicas=(ports.policy, second),
     )
     specs = [*plan.retrieval_specs(config, ports, index), plan.reward_spec(config, ports), *policies, trainer]

@@ -287,6 +287,31 @@ def test_a_finished_run_removes_the_prompts_no_worker_has_taken(
     assert int(redis_client.hget(loop.counters, "admitted") or 0) == 1
 
 
+def test_each_update_deletes_the_entries_every_group_is_done_with(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Redis stays bounded over a long run: after each update the trained rollouts and the prompts the
+    workers have finished leave their streams; a rollout still waiting and a prompt being worked on stay."""
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=2, max_staleness=1)
+    workers: StreamQueue[common_pb2.PromptTask] = StreamQueue(
+        redis_client, PROMPTS, common_pb2.PromptTask, group="rollout-workers", consumer="w0"
+    )
+    workers.ensure_group()
+    loop.prompts.ensure_group()
+    assert loop.feed() == 4
+    taken = workers.consume(3)
+    workers.ack(taken[:2])  # two prompts done, one being worked on
+    produce(redis_client, [make_rollout(f"r{i}") for i in range(5)])
+    loop.run()
+    assert loop.version == 2
+    left = [common_pb2.Rollout.FromString(f[b"data"]).id for _, f in redis_client.xrange(ROLLOUTS)]
+    assert left == ["r4"]  # r0-r3 trained; r4 waits for the next update
+    prompts = [common_pb2.PromptTask.FromString(f[b"data"]).id for _, f in redis_client.xrange(PROMPTS)]
+    assert prompts[0] == taken[2].message.id and taken[0].message.id not in prompts
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [s["trimmed"] for s in steps] == [4, 2]  # r0, r1 and the two finished prompts; then r2, r3
+
+
 def _trainer_command(redis_url: str, model_dir: Path, out: Path, prompts: Path) -> list[str]:
     return [
         sys.executable,

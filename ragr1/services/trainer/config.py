@@ -173,6 +173,9 @@ class PPOConfig(PPOSettings, ServerConfig, QueueConfig):
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
     start_version: int = setting(0, "version the policy serves the starting weights as (1 after a pushed SFT)")
     poll_ms: int = setting(1000, "longest wait for rollouts per read")
+    trim_streams: bool = setting(
+        True, "after each update, delete the prompts and rollouts every group is done with (Redis stays bounded)"
+    )
     policy_replicas: list[str] = setting(
         list, "host:port of every policy replica to send UpdateWeights", factory=True
     )

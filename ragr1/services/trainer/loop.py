@@ -31,6 +31,9 @@ Guarantees, and how:
   version 0, so every rollout it makes would be dropped as stale and no batch would come for the next
   push: while collecting, the loop asks the replicas for their version every ``resync_seconds`` and
   pushes the current one to any that is behind.
+- **A bounded Redis.** After each update the loop deletes the prompts and rollouts that every consumer
+  group is done with (``trim_streams``); what is pending or not yet delivered stays, and so do the
+  dead letters and the done keys (7 days).
 - **An idle policy after a finite run.** Reaching ``max_updates``, the loop deletes the prompts it
   admitted that no rollout worker has taken, so that the workers stop when their current work ends.
 
@@ -119,6 +122,8 @@ class LoopSettings:
     # How often, while collecting, the replicas are asked for their version and a restarted one (back at
     # its starting weights) is sent the current one again.
     resync_seconds: float = 10.0
+    # After each update, delete the stream entries every group is done with (``StreamQueue.trim``).
+    trim_streams: bool = True
 
 
 @dataclasses.dataclass
@@ -539,6 +544,8 @@ class PPOLoop:
                 "groups_skipped_uniform": self._uniform_skipped,
             }
         )
+        if self.settings.trim_streams:
+            record["trimmed"] = self.rollouts.trim() + self.prompts.trim()
         self._queue_seconds = 0.0
         self._uniform_skipped = 0
         self.steps.write(record)

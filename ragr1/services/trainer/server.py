@@ -70,6 +70,7 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
         start_version=config.start_version,
         logprob_gap_threshold=config.logprob_gap_threshold,
         max_uniform_groups=config.max_uniform_groups,
+        trim_streams=config.trim_streams,
     )
     return PPOLoop(
         settings,
