@@ -9,11 +9,14 @@ outlives the supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import signal
 import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -69,6 +72,25 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM only print a line while the block runs (signal handlers belong to the main
+    thread: elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, _frame: object) -> None:
+        print(f"{signal.Signals(signum).name}: still stopping the services; this ends on its own", flush=True)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class Supervisor:
@@ -221,12 +243,16 @@ class Supervisor:
         return self.run_dir / "redis" / "redis.log" if name == "redis" else self.processes[name].log_path
 
     def stop(self) -> None:
-        for name in reversed(list(self.processes)):
-            self.processes[name].stop(timeout=30)
-        self.processes.clear()
-        if self.redis is not None:
-            self.redis.stop()
-            self.redis = None
+        """Stops every service and Redis. A Ctrl-C or SIGTERM meanwhile (a user pressing Ctrl-C again) is
+        noted, not obeyed: the services run in process groups of their own, which a terminal's signal does
+        not reach, so a stop cut short would leave them running. Each stop is bounded (SIGKILL after 30 s)."""
+        with _signals_held():
+            for name in reversed(list(self.processes)):
+                self.processes[name].stop(timeout=30)
+            self.processes.clear()
+            if self.redis is not None:
+                self.redis.stop()
+                self.redis = None
 
     def __enter__(self) -> Supervisor:
         return self.start()

@@ -5,6 +5,7 @@ Redis and a real reward service)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -117,6 +118,40 @@ def test_with_auth_every_service_needs_the_token_redis_its_password_and_no_secre
         assert json.loads(shown[0])["secrets"]["token_file"] == str(auth.token_file)
     again = Supervisor(tmp_path, [reward_spec()], free_port(), auth=True)
     assert again.auth is not None and [again.auth.token, again.auth.redis_password] == secrets
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_second_ctrl_c_while_stopping_does_not_leave_services_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The services run in process groups of their own (so that a killed service's vLLM children go with
+    it), which a terminal's Ctrl-C does not reach: a stop cut short by a second Ctrl-C left the retriever
+    and the reward service running after `ragr1 up` had exited. The stop now finishes first."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        supervisor = Supervisor(tmp_path, [reward_spec()], free_port()).start()
+        reward = supervisor.processes["reward"]
+        assert reward.process is not None
+        stop = reward.stop
+
+        def stop_after_ctrl_c(timeout: float = 30.0) -> int | None:
+            os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C again
+            return stop(timeout)
+
+        monkeypatch.setattr(reward, "stop", stop_after_ctrl_c)
+        process = reward.process
+        supervisor.stop()
+        assert process.poll() is not None and supervisor.redis is None and not supervisor.processes
+        assert signal.getsignal(signal.SIGINT) is interrupt  # Ctrl-C works as before once stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
