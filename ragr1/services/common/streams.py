@@ -72,8 +72,7 @@ def connect(url: str, password_file: str = "") -> redis.Redis:
     the admission counters, which a lost reply at the wrong moment can leave a few rollouts off.
 
     ``password_file``: Redis AUTH with the password held there, which stays out of the URL, so out of
-    command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too. TLS:
-    a ``rediss://`` URL."""
+    command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too."""
     password = read_secret(password_file, "redis_password_file") if password_file else None
     return redis.Redis.from_url(
         url,
@@ -89,7 +88,7 @@ def connect(url: str, password_file: str = "") -> redis.Redis:
 class QueueConfig:
     """The settings of a service that uses the queue (the rollout workers, the trainer)."""
 
-    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams (rediss:// for TLS)")
+    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams")
     redis_password_file: str = setting("", "file holding the Redis password (AUTH on if set)")
 
     def redis_client(self) -> redis.Redis:
