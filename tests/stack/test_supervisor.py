@@ -105,8 +105,10 @@ def test_with_auth_every_service_needs_the_token_redis_its_password_and_no_secre
         assert supervisor.redis is not None
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host=supervisor.redis.host, port=supervisor.redis.port).ping()
-        trainer_settings = load(PPOConfig, env=auth.env())
-        assert trainer_settings.redis_client().ping()  # the settings' name and the supervisor's env agree
+        # The queue settings find the password through the env the supervisor gives every service.
+        trainer_settings = load(PPOConfig, env={**auth.env(), "RAGR1_REDIS_URL": supervisor.redis.url})
+        assert trainer_settings.redis_password_file == str(auth.redis_password_file)
+        assert trainer_settings.redis_client().ping()
         secrets = [auth.token, auth.redis_password]
         process = supervisor.processes["reward"].process
         assert process is not None
