@@ -83,12 +83,14 @@ class WeightPublisher:
         path = str(Path(checkpoint).resolve())
         exhausted: list[str] = []
         for target in self._clients:
-            error = self._push(target, version, path)
-            results[target] = error or "ok"
-            if error is None:
+            failure = self._push(target, version, path)
+            if failure is None:
+                results[target] = "ok"
                 self._failures[target] = 0
                 continue
-            if error.startswith(grpc.StatusCode.UNAVAILABLE.name):
+            code, error = failure
+            results[target] = error
+            if code == grpc.StatusCode.UNAVAILABLE:
                 log.warning("UpdateWeights v%d: replica %s is down (%s); it gets the version when it is back",
                             version, target, error)
                 continue
@@ -120,11 +122,12 @@ class WeightPublisher:
                 continue
             log.warning("policy replica %s serves v%d, the trainer is at v%d: pushing v%d again",
                         target, served, version, version)
-            results[target] = self._push(target, version, str(Path(checkpoint).resolve())) or "ok"
+            failure = self._push(target, version, str(Path(checkpoint).resolve()))
+            results[target] = failure[1] if failure else "ok"
         return results
 
-    def _push(self, target: str, version: int, path: str) -> str | None:
-        """One UpdateWeights call; the error as text (code: details, with a hint), or None."""
+    def _push(self, target: str, version: int, path: str) -> tuple[grpc.StatusCode | None, str] | None:
+        """One UpdateWeights call; None, or the failure's code and text (code: details, with a hint)."""
         start = time.perf_counter()
         try:
             self._clients[target].update_weights(version, path, policy_pb2.IN_FLIGHT_POLICY_FINISH)
@@ -132,7 +135,7 @@ class WeightPublisher:
         except grpc.RpcError as exc:
             code = exc.code()
             metrics.WEIGHT_UPDATE_FAILURES.labels(code.name if code else "UNKNOWN").inc()
-            return f"{code.name if code else 'UNKNOWN'}: {exc.details()}{_hint(code)}"
+            return code, f"{code.name if code else 'UNKNOWN'}: {exc.details()}{_hint(code)}"
         finally:
             metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - start)
 
