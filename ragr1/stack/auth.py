@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 
 from ragr1.services.common.client import TOKEN_ENV, ChannelOptions
-from ragr1.services.common.config import env_name, read_secret
+from ragr1.services.common.config import env_name, read_secret, write_secret
 
 # The setting of every server (ServerConfig) and of the queue's users (QueueConfig) that the files feed.
 SERVER_TOKEN_ENV = env_name("auth_token_file")
@@ -25,8 +25,7 @@ def _secret_file(path: Path) -> Path:
     """A new random secret in ``path`` (mode 0600), or the one already there (a stack started again in
     the same run folder keeps its secrets)."""
     if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32) + "\n")
+        write_secret(path, secrets.token_urlsafe(32) + "\n")
     path.chmod(0o600)
     read_secret(str(path), path.name)  # an empty file left by a crash is an error, not a blank secret
     return path

@@ -50,6 +50,14 @@ def read_secret(path: str, what: str) -> str:
     return secret
 
 
+def write_secret(path: Path, text: str) -> Path:
+    """Writes ``text`` to ``path`` readable by its owner only (mode 0600 from creation on)."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)  # an existing file keeps its mode through touch
+    path.write_text(text)
+    return path
+
+
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 

@@ -18,6 +18,8 @@ from types import TracebackType
 
 import redis
 
+from ragr1.services.common.config import write_secret
+
 
 def find_redis_binary() -> str:
     system = shutil.which("redis-server")
@@ -86,13 +88,9 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = []
         if self.password:
-            auth = self.data_dir / "auth.conf"
-            auth.touch(mode=0o600)
-            auth.chmod(0o600)
             # Every byte as \xHH in double quotes: redis.conf's quoting, whatever the password holds.
             quoted = "".join(f"\\x{b:02x}" for b in self.password.encode())
-            auth.write_text(f'requirepass "{quoted}"\n')
-            config.append(str(auth))
+            config.append(str(write_secret(self.data_dir / "auth.conf", f'requirepass "{quoted}"\n')))
         log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
             [

@@ -73,10 +73,9 @@ def connect(url: str, password_file: str = "") -> redis.Redis:
 
     ``password_file``: Redis AUTH with the password held there, which stays out of the URL, so out of
     command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too."""
-    password = read_secret(password_file, "redis_password_file") if password_file else None
     return redis.Redis.from_url(
         url,
-        **({"password": password} if password else {}),
+        password=read_secret(password_file, "redis_password_file") if password_file else None,
         retry=Retry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
         socket_connect_timeout=5.0,
         socket_keepalive=True,
