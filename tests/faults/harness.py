@@ -33,6 +33,7 @@ in the run folder and exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import random
@@ -427,27 +428,24 @@ def secrets_exposed(supervisor: Supervisor, max_bytes: int = 20 << 20) -> list[s
         if path.is_file() and path not in kept and path.stat().st_size <= max_bytes:
             data = path.read_bytes()
             found += [str(path) for secret in secrets if secret in data]
+    for pid, cmdline in command_lines().items():
+        found += [f"the command line of pid {pid}" for secret in secrets if secret in cmdline]
+    return found
+
+
+def command_lines() -> dict[int, bytes]:
+    """pid -> command line of every process on this machine (those that exit meanwhile left out)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            found += [f"the command line of pid {entry.name}" for secret in secrets if secret in cmdline]
+            with contextlib.suppress(OSError):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes()
     return found
 
 
 def engine_processes() -> set[int]:
     """vLLM's engine-core and worker processes on this machine (they name themselves ``VLLM::…``)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(b"VLLM::"):
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return {pid for pid, cmdline in command_lines().items() if cmdline.startswith(b"VLLM::")}
 
 
 def main(argv: list[str] | None = None) -> int:
