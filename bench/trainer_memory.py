@@ -114,8 +114,8 @@ def child(name: str, rollouts: int) -> None:
     torch.manual_seed(0)
     config = dataclasses.replace(PPOConfig(batch_size=rollouts), **CONFIGURATIONS[name])  # type: ignore[arg-type]
     # The old setting took one step per batch, whatever its size.
-    config.mini_batch_size = min(config.mini_batch_size, rollouts) if name == BASELINE else config.mini_batch_size
-    config.validate()
+    if name == BASELINE:
+        config = dataclasses.replace(config, mini_batch_size=min(config.mini_batch_size, rollouts))
     updater = PPOUpdater.build(config, prepare_policy_model())
     loaded = peak_gib()
     samples = realistic_samples(updater.actor.tokenizer, rollouts)

@@ -27,7 +27,7 @@ class SlowStatus(trainer_pb2_grpc.TrainerServicer):
 
 def build(cfg: ServerConfig) -> GrpcServer:
     server = GrpcServer(cfg, "status-test")
-    server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, SlowStatus(), "ragr1.v1.Trainer")
+    server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, SlowStatus())
     return server
 
 

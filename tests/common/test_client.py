@@ -13,10 +13,8 @@ import pytest
 
 from ragr1.services.common.client import ChannelOptions, HealthClient, service_name
 from ragr1.services.policy.client import PolicyClient
-from ragr1.services.policy.servicer import SERVICE_NAME as POLICY_SERVICE
 from ragr1.services.retriever.client import AsyncShardClient, RetrieverClient
 from ragr1.services.reward.client import RewardClient
-from ragr1.services.reward.servicer import SERVICE_NAME as REWARD_SERVICE
 from ragr1.services.trainer.client import AsyncTrainerClient, TrainerClient
 from ragr1.v1 import retriever_pb2_grpc, trainer_pb2
 from tests.common.test_server import start_server
@@ -28,8 +26,8 @@ SLOW = (("x-delay", "3"),)  # the test server's Status sleeps this long
 def test_service_names_come_from_the_stubs_descriptors() -> None:
     assert service_name(retriever_pb2_grpc.RetrieverShardStub) == "ragr1.v1.RetrieverShard"
     names = {cls.__name__: cls("127.0.0.1:1").service for cls in (RetrieverClient, RewardClient, PolicyClient)}
-    assert names == {"RetrieverClient": "ragr1.v1.Retriever", "RewardClient": REWARD_SERVICE,
-                     "PolicyClient": POLICY_SERVICE}
+    assert names == {"RetrieverClient": "ragr1.v1.Retriever", "RewardClient": "ragr1.v1.Reward",
+                     "PolicyClient": "ragr1.v1.Policy"}
     assert AsyncShardClient("127.0.0.1:1").service == "ragr1.v1.RetrieverShard"
     assert HealthClient("127.0.0.1:1").service == ""  # the whole server
 

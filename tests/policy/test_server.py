@@ -5,10 +5,12 @@ tests/policy/test_integration.py kills a real engine."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import cast
+
+import pytest
 
 from ragr1.services.common.server import GrpcServer
-from ragr1.services.policy.server import watch_engine
+from ragr1.services.policy.server import EngineDied, watch_engine
 
 
 class Engine:
@@ -32,8 +34,8 @@ class Server:
 
 def test_a_dead_engine_turns_the_server_not_serving_and_ends_the_watch() -> None:
     engine, server = Engine(fails_after=3), Server()
-    error: Any = asyncio.run(asyncio.wait_for(watch_engine(engine, cast(GrpcServer, server), 0.01), 5))
-    assert isinstance(error, RuntimeError) and "EngineCore died" in str(error)
+    with pytest.raises(EngineDied, match="EngineCore died"):
+        asyncio.run(asyncio.wait_for(watch_engine(engine, cast(GrpcServer, server), 0.01), 5))
     assert engine.checks == 4 and server.serving == [False]
 
 

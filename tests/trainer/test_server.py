@@ -91,9 +91,7 @@ def test_status_reports_the_loop_state_over_grpc() -> None:
 
     async def scenario() -> None:
         server = GrpcServer(ServerConfig(port=0, metrics_port=0), "trainer")
-        server.add(
-            trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status), "ragr1.v1.Trainer"
-        )
+        server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status))
         await server.start()
         try:
             client = AsyncTrainerClient(f"127.0.0.1:{server.port}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragr1.services.common.config import read_secret
-from ragr1.services.common.server import DEFAULT_MAX_MESSAGE_BYTES
+from ragr1.services.common.server import DEFAULT_MAX_MESSAGE_BYTES, service_name
 
 CLIENT_ENV_PREFIX = "RAGR1_CLIENT_"
 TOKEN_ENV = CLIENT_ENV_PREFIX + "TOKEN_FILE"
@@ -164,14 +163,6 @@ def open_aio_channel(target: str, options: ChannelOptions | None = None,
     if creds is None:
         return grpc.aio.insecure_channel(target, options=options.grpc_options(), interceptors=interceptors)
     return grpc.aio.secure_channel(target, creds, options=options.grpc_options(), interceptors=interceptors)
-
-
-def service_name(stub_type: type) -> str:
-    """``ragr1.v1.Retriever`` for ``RetrieverStub``, from the descriptor of the ``_pb2`` module protoc
-    generated beside the stub's ``_pb2_grpc`` module."""
-    messages = importlib.import_module(stub_type.__module__.removesuffix("_grpc"))
-    service = stub_type.__name__.removesuffix("Stub")
-    return str(messages.DESCRIPTOR.services_by_name[service].full_name)
 
 
 # -- the client base -----------------------------------------------------------------------------------

@@ -38,6 +38,18 @@ def setting(default: Any, help: str, *, factory: bool = False) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+class Validated:
+    """A config dataclass that checks itself whenever one is made (from defaults, a file, the environment,
+    flags or ``dataclasses.replace``): a bad value is refused, naming the setting, before anything is built.
+    Subclasses extend ``validate`` and call ``super().validate()``."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first setting out of range."""
+
+
 def read_secret(path: str, what: str) -> str:
     """The secret held in the file ``path`` (a token, a password), stripped; an error names ``what`` and
     the file, never the content."""

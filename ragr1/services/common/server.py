@@ -11,9 +11,9 @@ then the process exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hmac
+import importlib
 import inspect
 import logging
 import signal
@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragr1.services.common import errors, ports
-from ragr1.services.common.config import read_secret, setting
+from ragr1.services.common.config import Validated, read_secret, setting
 from ragr1.services.common.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS, SERVING, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,20 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def service_name(generated: type) -> str:
+    """``ragr1.v1.Retriever`` for ``RetrieverStub`` or ``RetrieverServicer`` (or a subclass of one), from
+    the descriptor of the ``_pb2`` module protoc generated beside their ``_pb2_grpc`` module: the proto is
+    the one home of a service's name."""
+    base = next((c for c in generated.__mro__ if c.__module__.endswith("_pb2_grpc")), None)
+    if base is None:
+        raise TypeError(f"{generated.__name__} is not a protoc-generated stub or servicer, nor derived from one")
+    messages = importlib.import_module(base.__module__.removesuffix("_grpc"))
+    service = base.__name__.removesuffix("Stub").removesuffix("Servicer")
+    return str(messages.DESCRIPTOR.services_by_name[service].full_name)
+
+
 @dataclasses.dataclass
-class ServerConfig:
+class ServerConfig(Validated):
     """Settings every gRPC server has. Services subclass this and add their own."""
 
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 in containers)")
@@ -69,6 +81,18 @@ class ServerConfig:
     tls_client_ca_file: str = setting("", "PEM CA of client certificates; set it to require mTLS")
     auth_token_file: str = setting("", "file holding the bearer token clients must send (auth on if set)")
     log_level: str = setting("INFO", "logging level")
+
+    def validate(self) -> None:
+        super().validate()
+        if not (self.tls_cert_file or self.tls_key_file):
+            if self.tls_client_ca_file:
+                raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
+        elif not (self.tls_cert_file and self.tls_key_file):
+            raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+        if self.grace_seconds < 0 or self.drain_seconds < 0:
+            raise ValueError(
+                f"grace_seconds and drain_seconds must be >= 0, got {self.grace_seconds} and {self.drain_seconds}"
+            )
 
     def resolved_metrics_port(self, grpc_port: int) -> int:
         if self.metrics_port >= 0:
@@ -195,12 +219,25 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         return behaviour
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """See ``GrpcServer.beside``."""
+
+    run: Callable[[], Awaitable[Any]]
+    name: str
+    stop: Callable[[], None] | None
+    stop_seconds: float | None
+
+
 # The signature of the ``add_XServicer_to_server`` functions protoc generates.
 AddServicer = Callable[[Any, Any], None]
 
 
 class GrpcServer:
-    """A gRPC server with everything of the module docstring. Use ``start``/``stop`` or ``serve``."""
+    """A gRPC server with everything of the module docstring. Use ``start``/``stop`` or ``serve``.
+
+    Every service builds one in ``build_server(config)`` (its servicers, the jobs that run beside it, the
+    clean-ups at stop) and runs it in ``serve(config)``, which returns the exit code."""
 
     def __init__(self, config: ServerConfig, name: str) -> None:
         self.config = config
@@ -211,23 +248,42 @@ class GrpcServer:
         self.port = 0
         self.metrics_port = 0
         self._stopping = False
+        self._jobs: list[_Job] = []
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []
 
     @property
     def _services(self) -> list[str]:
         return [name for _, _, name in self._servicers]
 
-    def add(self, add_servicer: AddServicer, servicer: Any, full_name: str) -> None:
-        """Registers a servicer; ``full_name`` is e.g. ``ragr1.v1.Retriever`` (for health and reflection)."""
-        self._servicers.append((add_servicer, servicer, full_name))
+    def add(self, add_servicer: AddServicer, servicer: Any) -> None:
+        """Registers a servicer (a subclass of a protoc-generated one, e.g. ``RewardServicer``); health and
+        reflection name it by its proto's full name (``ragr1.v1.Reward``)."""
+        self._servicers.append((add_servicer, servicer, service_name(type(servicer))))
+
+    def beside(
+        self,
+        job: Callable[[], Awaitable[Any]],
+        name: str,
+        *,
+        stop: Callable[[], None] | None = None,
+        stop_seconds: float | None = None,
+    ) -> None:
+        """Work that runs while the server serves (a rollout worker, the training loop, a watchdog),
+        started by ``serve``. When it ends the server stops: the service has nothing left to do (training
+        finished) or cannot go on (the engine died: it raises, and the exit code is 1). At shutdown,
+        ``stop`` asks it to finish and it gets ``stop_seconds`` (None: as long as it takes) before it is
+        cancelled; a job without ``stop`` is cancelled after the ``on_stop`` clean-ups."""
+        self._jobs.append(_Job(job, name, stop, stop_seconds))
+
+    def on_stop(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Runs after the server stopped taking calls, before the jobs still running are cancelled, in
+        the order added: stop a worker gracefully first, then close the clients it used."""
+        self._cleanups.append(cleanup)
 
     def _credentials(self) -> grpc.ServerCredentials | None:
-        cfg = self.config
-        if not (cfg.tls_cert_file or cfg.tls_key_file):
-            if cfg.tls_client_ca_file:
-                raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
+        cfg = self.config  # validate() checked that the files come in pairs
+        if not cfg.tls_cert_file:
             return None
-        if not (cfg.tls_cert_file and cfg.tls_key_file):
-            raise ValueError("TLS needs both tls_cert_file and tls_key_file")
         key = Path(cfg.tls_key_file).read_bytes()
         cert = Path(cfg.tls_cert_file).read_bytes()
         client_ca = Path(cfg.tls_client_ca_file).read_bytes() if cfg.tls_client_ca_file else None
@@ -288,28 +344,39 @@ class GrpcServer:
         if self._server is not None:
             await self._server.wait_for_termination()
 
-    async def serve(self, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Starts, then runs until SIGTERM or SIGINT, then stops gracefully and calls ``on_stop``."""
+    async def serve(self) -> int:
+        """Starts, runs the jobs added with ``beside`` and serves until SIGTERM or SIGINT or until a job
+        ends; then stops gracefully, runs the ``on_stop`` clean-ups in order and cancels the jobs still
+        running. Returns the process's exit code: 1 if a job raised (logged), else 0."""
         await self.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         print(f"READY {self.name} grpc={self.config.host}:{self.port} metrics={self.metrics_port}", flush=True)
+        jobs = {asyncio.ensure_future(job.run()): job for job in self._jobs}
         waiter = asyncio.ensure_future(self.wait())
         stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([waiter, stopper, *jobs], return_when=asyncio.FIRST_COMPLETED)
         await self.stop()
-        if on_stop is not None:
-            await on_stop()
-        for task in (waiter, stopper):
+        for task, job in jobs.items():
+            if job.stop is not None and not task.done():
+                job.stop()
+                await asyncio.wait([task], timeout=job.stop_seconds)
+        for cleanup in self._cleanups:
+            await cleanup()
+        tasks = [waiter, stopper, *jobs]
+        for task in tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.wait(tasks)  # a job's error is read (and logged) below, not raised here
+        return self._exit_code(jobs)
 
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    def _exit_code(self, jobs: dict[asyncio.Task[Any], _Job]) -> int:
+        code = 0
+        for task, job in jobs.items():
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:
+                log.error("%s: %s stopped the server: %s: %s", self.name, job.name, type(exc).__name__, exc,
+                          exc_info=exc)
+                code = 1
+        return code

@@ -25,7 +25,7 @@ from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import read_secret, setting
+from ragr1.services.common.config import Validated, read_secret, setting
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def connect(url: str, password_file: str = "") -> redis.Redis:
 
 
 @dataclasses.dataclass
-class QueueConfig:
+class QueueConfig(Validated):
     """The settings of a service that uses the queue (the rollout workers, the trainer)."""
 
     redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams")

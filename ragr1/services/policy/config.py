@@ -119,7 +119,7 @@ class PolicyConfig(ServerConfig, QueueConfig):
             raise ValueError(f"in_flight must be 'finish' or 'abort', got {self.in_flight!r}") from None
 
     def validate(self) -> None:
-        """Raises ValueError naming the first setting out of range, before anything loads."""
+        super().validate()
         self.in_flight_policy()
         for name, low in (
             ("max_turns", 0),

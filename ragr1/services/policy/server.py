@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -17,7 +16,7 @@ from ragr1.services.policy.backends import RetrieverSearch, RewardScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.runtime import Limits, Policy
-from ragr1.services.policy.servicer import SERVICE_NAME, PolicyServicer
+from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
@@ -39,11 +38,15 @@ class Checked(Protocol):
     async def check_health(self) -> None: ...
 
 
-async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> BaseException:
+class EngineDied(RuntimeError):
+    """The vLLM engine stopped answering its health check: it never comes back."""
+
+
+async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> None:
     """Ties the server's health to the engine. A vLLM engine that died (its process killed, a kernel
     that failed) never comes back and fails every request, so the server turns NOT_SERVING and this
-    returns the engine's error, for the caller to stop the process: the container then restarts
-    instead of showing healthy while it fails every prompt."""
+    raises, which stops the process with exit code 1: the container then restarts instead of showing
+    healthy while it fails every prompt."""
     while True:
         await asyncio.sleep(interval)
         try:
@@ -52,7 +55,7 @@ async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> 
             log.error("the vLLM engine died (%s: %s); the policy goes NOT_SERVING and stops",
                       type(exc).__name__, exc)
             await server.set_serving(False)
-            return exc
+            raise EngineDied(f"{type(exc).__name__}: {exc}") from exc
 
 
 def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardScorer) -> RolloutWorker:
@@ -83,9 +86,10 @@ def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardScorer) -> 
     )
 
 
-async def serve(config: PolicyConfig) -> int:
-    """Serves until SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
-    config.validate()
+async def build_server(config: PolicyConfig) -> GrpcServer:
+    """The engine loaded, the agent loop wired to the retriever and the reward service, and with
+    ``worker`` on the rollout worker beside the server. Async: vLLM's engine starts inside the event loop
+    that serves."""
     from transformers import AutoTokenizer
 
     path = model_dir(config)
@@ -109,36 +113,28 @@ async def serve(config: PolicyConfig) -> int:
         in_flight=config.in_flight_policy(),
     )
     server = GrpcServer(config, "policy")
-    server.add(policy_pb2_grpc.add_PolicyServicer_to_server, PolicyServicer(policy, scorer), SERVICE_NAME)
-
-    stop_worker = asyncio.Event()
-    worker_task: asyncio.Task[None] | None = None
+    server.add(policy_pb2_grpc.add_PolicyServicer_to_server, PolicyServicer(policy, scorer))
+    server.beside(lambda: watch_engine(engine, server, config.engine_check_seconds), "the engine watchdog")
     if config.worker:
-        assert scorer is not None  # validate() requires it
+        assert scorer is not None  # the config requires reward_address with worker
         worker = build_worker(config, policy, scorer)
-        worker_task = asyncio.create_task(worker.run(stop_worker))
+        stop_worker = asyncio.Event()
+        # The batch in hand gets the grace period to finish and be acknowledged; cut off, it is redelivered.
+        server.beside(lambda: worker.run(stop_worker), "the rollout worker", stop=stop_worker.set,
+                      stop_seconds=config.grace_seconds)
         log.info("rollout worker %s consuming %s", worker.prompts.consumer, PROMPTS)
 
-    async def stop_when_engine_dies() -> None:
-        await watchdog
-        await server.stop()
-
-    watchdog = asyncio.create_task(watch_engine(engine, server, config.engine_check_seconds))
-    stopper = asyncio.create_task(stop_when_engine_dies())
-
-    async def on_stop() -> None:
-        stop_worker.set()
-        if worker_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(worker_task, timeout=config.grace_seconds)
+    async def close() -> None:
         await search.close()
         if scorer is not None:
             await scorer.close()
         engine.shutdown()
 
-    await server.serve(on_stop)
-    if watchdog.done():
-        return 1
-    stopper.cancel()
-    watchdog.cancel()
-    return 0
+    server.on_stop(close)
+    return server
+
+
+async def serve(config: PolicyConfig) -> int:
+    """Serves until SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
+    server = await build_server(config)
+    return await server.serve()

@@ -10,8 +10,6 @@ from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
-SERVICE_NAME = "ragr1.v1.Policy"
-
 
 class PolicyServicer(policy_pb2_grpc.PolicyServicer):
     def __init__(self, policy: Policy, scorer: Scorer | None) -> None:

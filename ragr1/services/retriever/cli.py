@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ragr1.services.common.config import add_arguments, from_args
+from ragr1.services.common.commands import service
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 
 
@@ -105,20 +105,6 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_shard(args: argparse.Namespace) -> int:
-    from ragr1.services.retriever.server import serve_shard
-
-    serve_shard(from_args(ShardConfig, args))
-    return 0
-
-
-def _serve_router(args: argparse.Namespace) -> int:
-    from ragr1.services.retriever.server import serve_router
-
-    serve_router(from_args(RouterConfig, args))
-    return 0
-
-
 def register(commands: Any, serve: Any) -> None:
     from ragr1.services.retriever.build import DEFAULT_CHUNK_SIZE
     from ragr1.services.retriever.corpus import CORPUS_FORMATS, KILT_WORDS_PER_PASSAGE
@@ -207,9 +193,6 @@ def register(commands: Any, serve: Any) -> None:
     )
     planner.set_defaults(run=_plan)
 
-    shard = serve.add_parser("retriever-shard", help="serve one shard of a FAISS index")
-    add_arguments(shard, ShardConfig)
-    shard.set_defaults(run=_serve_shard)
-    router = serve.add_parser("retriever", help="the retriever router (gRPC + Search-R1 HTTP endpoint)")
-    add_arguments(router, RouterConfig)
-    router.set_defaults(run=_serve_router)
+    server = "ragr1.services.retriever.server"
+    service(serve, "retriever-shard", ShardConfig, server, help="serve one shard of a FAISS index")
+    service(serve, "retriever", RouterConfig, server, help="the retriever router (gRPC + Search-R1 HTTP endpoint)")

@@ -9,6 +9,13 @@ from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
 
 CHECKSUM_MODES = ("start", "background", "off")
+# What the router does when a shard is down or late (RouterConfig.on_shard_failure).
+FAILURE_MODES = ("unavailable", "partial")
+
+
+def require_index(index: str) -> None:
+    if not index:
+        raise ValueError("index is required (--index): the index directory or its manifest.json")
 
 
 @dataclasses.dataclass
@@ -32,9 +39,13 @@ class ShardConfig(ServerConfig):
         0, "FAISS (OpenMP) threads; 0 keeps FAISS's default (all cores). 1 is best on a shared, busy CPU"
     )
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        super().validate()
+        require_index(self.index)
         if self.checksum not in CHECKSUM_MODES:
             raise ValueError(f"checksum must be one of {CHECKSUM_MODES}, got {self.checksum!r}")
+        if self.shard < 0:
+            raise ValueError(f"shard must be >= 0, got {self.shard}")
 
 
 @dataclasses.dataclass
@@ -78,3 +89,14 @@ class RouterConfig(ServerConfig):
     shard_health_interval_s: float = setting(
         2.0, "how often the router checks every shard's health (reported as its own health and metrics)"
     )
+
+    def validate(self) -> None:
+        super().validate()
+        require_index(self.index)
+        if not self.shards:
+            raise ValueError("shards is required (--shards host:port,...): the shard addresses in shard order")
+        if self.on_shard_failure not in FAILURE_MODES:
+            raise ValueError(f"on_shard_failure must be one of {FAILURE_MODES}, got {self.on_shard_failure!r}")
+        for name in ("max_queries", "max_query_chars", "max_top_k", "max_batch_rows", "encoder_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -21,11 +21,11 @@ import numpy as np
 from ragr1.services.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from ragr1.services.retriever import metrics
 from ragr1.services.retriever.batching import MicroBatcher
+from ragr1.services.retriever.config import FAILURE_MODES
 from ragr1.services.retriever.results import Hit, dedup_within_groups, merge_top_k
 
 log = logging.getLogger(__name__)
 
-FAILURE_MODES = ("unavailable", "partial")
 
 
 @dataclasses.dataclass(frozen=True)

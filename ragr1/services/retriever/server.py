@@ -1,4 +1,5 @@
-"""The retriever's servers: ``serve_shard`` (one index shard) and ``serve_router`` (gRPC + HTTP)."""
+"""The retriever's two servers: a shard (one FAISS index shard) and the router (gRPC + HTTP), each
+built by its ``build_*_server(config)`` and run by ``serve(config)``, which picks by the config's type."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from ragr1.services.common.server import GrpcServer, configure_logging
+from ragr1.services.common.server import GrpcServer
 from ragr1.services.retriever import metrics
 from ragr1.services.retriever.client import AsyncShardClient, shard_health_service
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
@@ -23,12 +24,6 @@ from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def _manifest(index: str) -> LoadedManifest:
-    if not index:
-        raise ValueError("--index is required: the index directory or its manifest.json")
-    return LoadedManifest(index)  # type: ignore[arg-type]
-
-
 def process_age() -> float:
     """Seconds since this process started (imports included: they are part of a shard's start-up)."""
     import psutil
@@ -36,12 +31,14 @@ def process_age() -> float:
     return max(time.time() - psutil.Process().create_time(), 0.0)
 
 
-async def run_shard(config: ShardConfig) -> None:
+async def build_shard_server(config: ShardConfig) -> GrpcServer:
+    """The shard's index loaded (memory-mapped by default), its checksum verified now or beside the
+    server (a mismatch stops it with exit code 1)."""
     if config.search_threads > 0:
         import faiss
 
         faiss.omp_set_num_threads(config.search_threads)
-    manifest = _manifest(config.index)
+    manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
     searcher = ShardSearcher(
         manifest,
         config.shard,
@@ -62,33 +59,21 @@ async def run_shard(config: ShardConfig) -> None:
         manifest_sha256=manifest.sha256,
     )
     server = GrpcServer(config, f"retriever-shard-{config.shard}")
-    server.add(
-        retriever_pb2_grpc.add_RetrieverShardServicer_to_server,
-        RetrieverShardServicer(searcher, info),
-        "ragr1.v1.RetrieverShard",
-    )
-    failures: list[ManifestMismatch] = []
+    server.add(retriever_pb2_grpc.add_RetrieverShardServicer_to_server, RetrieverShardServicer(searcher, info))
 
-    async def verify_in_background() -> None:
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, manifest.check_shard_checksum, config.shard)
-        except ManifestMismatch as exc:
-            log.error("%s; stopping", exc)
-            failures.append(exc)
-            await server.stop()
-        else:
-            log.info("shard %d: checksum verified", config.shard)
+    async def verify_checksum() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, manifest.check_shard_checksum, config.shard)
+        log.info("shard %d: checksum verified", config.shard)
+        await asyncio.Event().wait()  # verified: serve on; only a mismatch (raised above) stops the shard
 
+    if config.checksum == "background":
+        server.beside(verify_checksum, "the checksum check")
+    server.on_stop(searcher.aclose)
     ready = process_age()
     metrics.SHARD_TIME_TO_READY.set(ready)
     metrics.SHARD_INDEX_MMAP.set(1 if searcher.mmap else 0)
     log.info("shard %d: ready %.2f s after the process started", config.shard, ready)
-    checking = asyncio.ensure_future(verify_in_background()) if config.checksum == "background" else None
-    await server.serve(on_stop=searcher.aclose)
-    if checking is not None:
-        checking.cancel()
-    if failures:
-        raise failures[0]
+    return server
 
 
 async def check_shards(shards: list[AsyncShardClient], manifest: LoadedManifest, wait_s: float) -> None:
@@ -146,8 +131,10 @@ async def watch_shards(shards: list[AsyncShardClient], server: GrpcServer, inter
         await asyncio.sleep(interval_s)
 
 
-async def run_router(config: RouterConfig) -> None:
-    manifest = _manifest(config.index)
+async def build_router_server(config: RouterConfig) -> GrpcServer:
+    """The shards checked (same index, right positions), the query encoder warm, the HTTP endpoint up;
+    the shards' health watched beside the server."""
+    manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
     m = manifest.manifest
     if len(config.shards) != m.num_shards:
         raise ValueError(f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)")
@@ -184,33 +171,30 @@ async def run_router(config: RouterConfig) -> None:
         max_query_chars=limits.max_query_chars,
     )
     server = GrpcServer(config, "retriever")
-    server.add(
-        retriever_pb2_grpc.add_RetrieverServicer_to_server,
-        RetrieverServicer(router, info),
-        "ragr1.v1.Retriever",
-    )
-    watcher = asyncio.ensure_future(watch_shards(shards, server, config.shard_health_interval_s))
+    server.add(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(router, info))
+    server.beside(lambda: watch_shards(shards, server, config.shard_health_interval_s), "the shard health watch")
     http = None
     if config.http_port >= 0:
         http, http_port = await start_http(router, config.host, config.http_port)
         print(f"READY retriever-http http=http://{config.host}:{http_port}/retrieve", flush=True)
 
-    async def stop() -> None:
-        watcher.cancel()
+    async def close() -> None:
         if http is not None:
             await http.cleanup()
         await router.aclose()
         for shard in shards:
             await shard.close()
 
-    await server.serve(on_stop=stop)
+    server.on_stop(close)
+    return server
 
 
-def serve_shard(config: ShardConfig) -> None:
-    configure_logging(config.log_level)
-    asyncio.run(run_shard(config))
+async def build_server(config: ShardConfig | RouterConfig) -> GrpcServer:
+    if isinstance(config, ShardConfig):
+        return await build_shard_server(config)
+    return await build_router_server(config)
 
 
-def serve_router(config: RouterConfig) -> None:
-    configure_logging(config.log_level)
-    asyncio.run(run_router(config))
+async def serve(config: ShardConfig | RouterConfig) -> int:
+    server = await build_server(config)
+    return await server.serve()

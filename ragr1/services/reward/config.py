@@ -69,13 +69,17 @@ class RewardConfig(ServerConfig):
         _CORE.limits.max_rounds, "largest retrieved_rounds value + 1 (more: INVALID_ARGUMENT)"
     )
 
-    def settings(self) -> RewardSettings:
-        """The core's settings; raises ValueError naming the bad setting."""
+    def validate(self) -> None:
+        super().validate()
         if not 0.0 <= self.relevance_weight <= 1.0:
             raise ValueError(f"relevance_weight must be in [0, 1], got {self.relevance_weight}")
         for name in ("max_items", "max_response_chars", "max_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self.settings()  # the core's own checks (scheme, format weights) name their setting too
+
+    def settings(self) -> RewardSettings:
+        """The core's settings."""
         return RewardSettings(
             composition=Composition(
                 scheme=self.scheme,

@@ -13,7 +13,6 @@ from ragr1.services.reward.metrics import record_batch
 from ragr1.services.reward.scoring import Parts, RetrievedPassage, RewardScorer, ScoreInput, check_batch_size
 from ragr1.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
-SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name
 _SPAN_KINDS = {kind.value for kind in SpanKind}
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
+from ragr1.services.common.commands import configure_logging, service
 from ragr1.services.common.config import add_arguments, from_args
-from ragr1.services.common.server import configure_logging
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
 
 
@@ -21,18 +20,11 @@ def _run_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_ppo(args: argparse.Namespace) -> int:
-    from ragr1.services.trainer.server import serve
-
-    return asyncio.run(serve(from_args(PPOConfig, args)))
-
-
 def register(commands: Any, serve: Any) -> None:
     train = commands.add_parser("train", help="train the policy: SFT (format learning), then PPO")
     stages = train.add_subparsers(dest="stage", required=True, metavar="STAGE")
     sft = stages.add_parser("sft", help="format-learning SFT on think-then-search trajectories")
     add_arguments(sft, SFTConfig)
     sft.set_defaults(run=_run_sft)
-    ppo = stages.add_parser("ppo", help="PPO on rollouts from the Redis stream, weights back to the policy")
-    add_arguments(ppo, PPOConfig)
-    ppo.set_defaults(run=_run_ppo)
+    service(stages, "ppo", PPOConfig, "ragr1.services.trainer.server",
+            help="PPO on rollouts from the Redis stream, weights back to the policy")

@@ -8,7 +8,7 @@ import dataclasses
 
 from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.services.common import ports
-from ragr1.services.common.config import setting
+from ragr1.services.common.config import Validated, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 
@@ -26,7 +26,7 @@ def _check_at_least(settings: object, bounds: tuple[tuple[str, int], ...]) -> No
 
 
 @dataclasses.dataclass
-class ModelSettings:
+class ModelSettings(Validated):
     model_dir: str = setting("", "starting checkpoint (Hugging Face dir); empty = SmolLM2-135M-Instruct")
     lora_rank: int = setting(0, "LoRA rank; 0 trains every weight")
     lora_alpha: int = setting(32, "LoRA alpha (scale = alpha / rank)")
@@ -47,7 +47,7 @@ class ModelSettings:
     keep_checkpoints: int = setting(3, "how many recent checkpoint versions to keep on disk")
 
     def validate(self) -> None:
-        """Raises ValueError naming the first setting out of range, before anything is built."""
+        super().validate()
         _check_at_least(self, (("micro_batch_size", 1), ("lora_rank", 0), ("threads", 0)))
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {list(DEVICES)}, got {self.device!r}")
@@ -131,7 +131,6 @@ class PPOSettings(ModelSettings):
         return int(ratio * self.max_updates) if self.max_updates > 0 else 0
 
     def validate(self) -> None:
-        """Raises ValueError naming the first setting out of range, before anything is built."""
         for name, choices in (
             ("advantage", ("gae", "grpo")),
             ("kl_penalty", ("reward", "loss")),

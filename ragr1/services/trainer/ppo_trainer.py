@@ -140,7 +140,6 @@ class _Optimised:
 
 class PPOUpdater:
     def __init__(self, settings: PPOSettings, actor: PolicyModel, critic: ValueModel | None = None) -> None:
-        settings.validate()
         if settings.uses_critic and critic is None:
             raise ValueError("advantage=gae needs a critic (ValueModel)")
         if settings.kl_coef > 0 and actor.reference is None and not actor.lora:
@@ -188,7 +187,6 @@ class PPOUpdater:
         """The actor (with its reference when there is a KL term) and, for GAE, the critic, on ``device``
         (default: ``settings.device`` resolved); ``shard``: FSDP across the data-parallel workers of an
         initialised process group (``fsdp``), before the optimisers take the parameters."""
-        settings.validate()
         actor = PolicyModel(
             model_dir,
             lora_rank=settings.lora_rank,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ragr1 import data as shipped
 from ragr1.models import prepare_policy_model
-from ragr1.services.common.server import GrpcServer, configure_logging
+from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
@@ -42,9 +42,8 @@ def place(config: PPOConfig) -> Callable[[], Updater]:
 
 
 def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
-    """Everything checked before any training: the settings and the device, the prompts file, Redis, that
-    the policy replicas take the trainer's credentials, the model."""
-    config.validate()
+    """Everything checked before any training: the device, the prompts file, Redis, that the policy
+    replicas take the trainer's credentials (before the model loads: a refusal costs seconds), the model."""
     build_updater = place(config)
     if config.max_updates == 0 and (config.actor_warmup_ratio > 0 or config.critic_warmup_ratio > 0):
         log.warning("max_updates is 0 (train until stopped): the learning rates start at full, without warm-up")
@@ -84,37 +83,37 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
     )
 
 
+async def build_server(config: PPOConfig) -> GrpcServer:
+    """The loop built (see ``build_loop``) with ``Trainer.Status`` and the metrics served beside it; the
+    training runs in a thread beside the server, and the server stops when it ends."""
+    status = Status()
+    loop = build_loop(config, status)
+    server = GrpcServer(config, "trainer")
+    server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status))
+
+    async def train() -> None:
+        try:
+            version = await asyncio.to_thread(loop.run)
+        except PublishError:
+            log.error("trainer stopped at version %d", loop.version)
+            raise
+        log.info("trainer stopped at version %d", version)
+
+    # On SIGTERM the update in hand finishes and is checkpointed and pushed: it can take minutes.
+    server.beside(train, "the training loop", stop=loop.stop_event.set)
+
+    async def close() -> None:
+        loop.updater.close()
+
+    server.on_stop(close)
+    return server
+
+
 async def serve(config: PPOConfig) -> int:
     """Trains until ``max_updates``; returns the exit code (1 when weights could not reach the policy)."""
-    configure_logging(config.log_level)
-    status = Status()
     try:
-        loop = build_loop(config, status)
+        server = await build_server(config)
     except PublishError as exc:
         log.error("trainer stopped before training: %s", exc)
         return 1
-    server = GrpcServer(config, "trainer")
-    server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status), "ragr1.v1.Trainer")
-    training = asyncio.ensure_future(asyncio.to_thread(loop.run))
-
-    async def stop_when_trained() -> None:
-        await asyncio.wait([training])
-        await server.stop()
-
-    async def on_stop() -> None:
-        loop.stop_event.set()
-        await asyncio.wait([training])
-
-    watcher = asyncio.ensure_future(stop_when_trained())
-    try:
-        await server.serve(on_stop=on_stop)
-    finally:
-        watcher.cancel()
-        loop.updater.close()
-    try:
-        version = training.result()
-    except PublishError as exc:
-        log.error("trainer stopped at version %d: %s", loop.version, exc)
-        return 1
-    log.info("trainer stopped at version %d", version)
-    return 0
+    return await server.serve()

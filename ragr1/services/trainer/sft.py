@@ -30,7 +30,6 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, denominator: float | No
 
 class SFTTrainer:
     def __init__(self, config: SFTConfig, model: PolicyModel | None = None) -> None:
-        config.validate()
         self.config = config
         init_torch(config)
         device = training_device(config.device)  # before a model is loaded

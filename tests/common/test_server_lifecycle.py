@@ -1,0 +1,129 @@
+"""``GrpcServer.serve``'s lifecycle, which every service's ``serve(config)`` relies on: the jobs beside the
+server (a rollout worker, the training loop, a watchdog) decide the exit code, a job that ends stops the
+server, and at shutdown jobs are asked to finish before the clean-ups run. Real servers on real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import grpc
+import pytest
+
+from ragr1.services.common.client import HealthClient
+from ragr1.services.common.server import GrpcServer, ServerConfig
+from ragr1.services.trainer.loop import Status
+from ragr1.services.trainer.servicer import TrainerServicer
+from ragr1.v1 import trainer_pb2_grpc
+
+
+def server() -> GrpcServer:
+    s = GrpcServer(ServerConfig(port=0, metrics_port=0, grace_seconds=1), "lifecycle-test")
+    s.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(Status()))
+    return s
+
+
+def test_a_job_that_finishes_stops_the_server_with_exit_code_0() -> None:
+    s = server()
+    served: list[bool] = []
+
+    def check() -> bool:
+        with HealthClient(f"127.0.0.1:{s.port}") as client:
+            return client.health(timeout=5, service="ragr1.v1.Trainer")
+
+    async def job() -> None:
+        # The server answers while the job runs, under the service name taken from the proto.
+        served.append(await asyncio.to_thread(check))
+
+    s.beside(job, "a short job")
+    assert asyncio.run(asyncio.wait_for(s.serve(), 30)) == 0
+    assert served == [True]
+    with pytest.raises(grpc.RpcError), HealthClient(f"127.0.0.1:{s.port}") as client:
+        client.health(timeout=1)  # the server is gone
+
+
+def test_a_job_that_raises_stops_the_server_with_exit_code_1_and_says_which(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = server()
+    cleaned: list[str] = []
+
+    async def failing() -> None:
+        await asyncio.sleep(0.1)
+        raise RuntimeError("the engine is gone")
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def clean_up() -> None:
+        cleaned.append("closed")
+
+    s.beside(failing, "the watchdog")
+    s.beside(forever, "a job without a stop hook")
+    s.on_stop(clean_up)
+    assert asyncio.run(asyncio.wait_for(s.serve(), 30)) == 1
+    assert cleaned == ["closed"]
+    assert "lifecycle-test: the watchdog stopped the server: RuntimeError: the engine is gone" in caplog.text
+
+
+def test_on_sigterm_jobs_are_asked_to_finish_before_the_clean_ups_run() -> None:
+    s = server()
+    order: list[str] = []
+    finish = asyncio.Event()
+
+    async def worker() -> None:
+        await finish.wait()
+        await asyncio.sleep(0.2)  # the batch in hand completes after the stop request
+        order.append("worker finished its batch")
+
+    async def watchdog() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            order.append("watchdog cancelled")
+            raise
+
+    async def clean_up() -> None:
+        order.append("clients closed")
+
+    async def terminate_soon() -> None:
+        await asyncio.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop_worker() -> None:
+        order.append("worker asked to stop")
+        finish.set()
+
+    s.beside(worker, "the worker", stop=stop_worker, stop_seconds=5)
+    s.beside(watchdog, "the watchdog")
+    s.on_stop(clean_up)
+
+    async def main() -> int:
+        killer = asyncio.ensure_future(terminate_soon())
+        code = await s.serve()
+        await killer
+        return code
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == 0
+    assert order == ["worker asked to stop", "worker finished its batch", "clients closed", "watchdog cancelled"]
+
+
+def test_a_job_that_ignores_its_stop_request_is_cut_off_after_stop_seconds() -> None:
+    s = server()
+
+    async def stubborn() -> None:
+        await asyncio.Event().wait()
+
+    async def short() -> None:
+        await asyncio.sleep(0.1)
+
+    s.beside(stubborn, "a stubborn job", stop=lambda: None, stop_seconds=0.5)
+    s.beside(short, "a short job")
+    loop = asyncio.new_event_loop()
+    try:
+        start = loop.time()
+        assert loop.run_until_complete(asyncio.wait_for(s.serve(), 30)) == 0
+        assert loop.time() - start < 10
+    finally:
+        loop.close()
