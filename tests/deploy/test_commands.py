@@ -14,9 +14,9 @@ import helm_python
 import pytest
 
 from ragr1.cli import build_parser
+from tests.deploy.charts import EVERYTHING_ON, render
+from tests.deploy.compose import config
 from tests.deploy.conftest import CHART, ragr1_invocations
-from tests.deploy.test_compose import config
-from tests.deploy.test_helm import EVERYTHING_ON, render
 
 # The image's entrypoint (docker/Dockerfile): containers without a command of their own run ragr1.
 ENTRYPOINT = ["ragr1"]

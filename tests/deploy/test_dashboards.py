@@ -21,25 +21,10 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.deploy.conftest import DASHBOARDS, ROOT, load_dashboard_generator, tool
+from tests.deploy.dashboards import dashboards, expressions, filled
 
 METRIC = re.compile(r"\bragr1_[a-z0-9_]+")
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
-# Grafana's variables, as Grafana would fill them in for a query.
-GRAFANA_VARIABLES = {"$__rate_interval": "1m"}
-
-
-def dashboards() -> dict[str, dict[str, Any]]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
-
-
-def expressions() -> list[tuple[str, str, str]]:
-    """(dashboard, panel title, PromQL) for every target of every panel."""
-    out = []
-    for name, board in dashboards().items():
-        for panel in board["panels"]:
-            for target in panel.get("targets", []):
-                out.append((name, panel["title"], target["expr"]))
-    return out
 
 
 def test_dashboards_are_what_the_generator_writes() -> None:
@@ -163,16 +148,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             log.close()
 
 
-def _filled(expr: str) -> str:
-    for variable, value in GRAFANA_VARIABLES.items():
-        expr = expr.replace(variable, value)
-    return expr
-
-
 def test_prometheus_accepts_every_panel_query(prometheus: str) -> None:
     errors = []
     for name, title, expr in expressions():
-        reply = _query(prometheus, _filled(expr))
+        reply = _query(prometheus, filled(expr))
         if reply.get("status") != "success":
             errors.append(f"{name} / {title}: {expr}\n  -> {reply.get('error')}")
     assert not errors, "\n".join(errors)
@@ -186,9 +165,9 @@ def test_overview_panels_show_the_common_runtime_metrics(prometheus: str) -> Non
         for target in panel.get("targets", []):
             if "ragr1_queue_events_total" in target["expr"]:
                 continue  # the queue is not used by this server
-            if not _query(prometheus, _filled(target["expr"]))["data"]["result"]:
+            if not _query(prometheus, filled(target["expr"]))["data"]["result"]:
                 empty.append(panel["title"])
     assert not empty, f"no data for: {empty}"
-    errors = _query(prometheus, _filled(next(
+    errors = _query(prometheus, filled(next(
         t["expr"] for p in board["panels"] if p["title"] == "Errors by status code" for t in p["targets"])))
     assert {r["metric"]["code"] for r in errors["data"]["result"]} == {"INVALID_ARGUMENT"}
