@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -17,9 +16,9 @@ import grpc
 import pytest
 
 from ragr1.services.common.client import open_channel
-from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.common.status_process import start_server
 from tests.deploy.conftest import DASHBOARDS, ROOT, load_dashboard_generator, tool
 from tests.deploy.dashboards import dashboards, expressions, filled
 
@@ -102,12 +101,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real server on the common runtime (with a few OK and failed calls) and a Prometheus scraping it."""
     tmp = tmp_path_factory.mktemp("prometheus")
     port, metrics_port, prom_port = free_port(), free_port(), free_port()
-    server = ServiceProcess(
-        "status-test",
-        [sys.executable, "-m", "tests.common.status_server", "--port", str(port), "--metrics-port", str(metrics_port)],
-        target=f"127.0.0.1:{port}", log_path=tmp / "server.log", start_timeout=30,
-    )
-    with server:
+    with start_server(tmp, port, metrics_port=metrics_port):
         stub = trainer_pb2_grpc.TrainerStub(open_channel(f"127.0.0.1:{port}"))
         for _ in range(3):
             stub.Status(trainer_pb2.StatusRequest(), timeout=5)
