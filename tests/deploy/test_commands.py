@@ -23,7 +23,12 @@ from tests.deploy.conftest import CHART, ragr1_invocations
 
 # The image's entrypoint (docker/Dockerfile): containers without a command of their own run ragr1.
 ENTRYPOINT = ["ragr1"]
-CHART_VALUES = {"defaults": {}, "tls": EVERYTHING_ON, "ray": {"trainer": {"ray": {"enabled": True}}}}
+# The chart's values whose command lines are checked: the defaults and everything that changes them.
+CHART_VALUES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "tls": EVERYTHING_ON,
+    "ray": {"trainer": {"ray": {"enabled": True}}},
+}
 
 # Where a container runs (``compose <service>``, ``helm <values> <object>[/<container>]``) -> the
 # ``ragr1`` command lines it runs there.
