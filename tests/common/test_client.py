@@ -17,7 +17,7 @@ from ragr1.services.retriever.client import AsyncShardClient, RetrieverClient
 from ragr1.services.reward.client import RewardClient
 from ragr1.services.trainer.client import AsyncTrainerClient, TrainerClient
 from ragr1.v1 import retriever_pb2_grpc, trainer_pb2
-from tests.common.test_server import start_server
+from tests.common.status_process import start_server
 
 TOKEN = "attached-once"
 SLOW = (("x-delay", "3"),)  # the test server's Status sleeps this long

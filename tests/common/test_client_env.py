@@ -7,20 +7,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ragr1.services.common.client import ChannelOptions, open_channel
-from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
-from tests.common.test_server import start_server
-
-
-def status_code(target: str, options: ChannelOptions) -> grpc.StatusCode:
-    channel = open_channel(target, options)
-    try:
-        trainer_pb2_grpc.TrainerStub(channel).Status(trainer_pb2.StatusRequest(), timeout=5)
-        return grpc.StatusCode.OK
-    except grpc.RpcError as exc:
-        return exc.code()
-    finally:
-        channel.close()
+from ragr1.services.common.client import ChannelOptions
+from tests.common.status_process import start_server, status_code
 
 
 def test_token_file_from_the_environment_authenticates(tmp_path: Path, port: int,

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 
-from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
+from tests.common.status_process import start_server
 
 
 def test_undecodable_request_is_invalid_argument(tmp_path: Path, port: int) -> None:
     metrics_port = free_port()
-    args = [sys.executable, "-m", "tests.common.status_server", "--port", str(port),
-            "--metrics-port", str(metrics_port)]
-    with ServiceProcess("status-test", args, f"127.0.0.1:{port}", tmp_path / "server.log", start_timeout=30):
+    with start_server(tmp_path, port, metrics_port=metrics_port):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             status = channel.unary_unary("/ragr1.v1.Trainer/Status")
             with pytest.raises(grpc.RpcError) as caught:

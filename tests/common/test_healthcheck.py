@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ragr1.services.common.redis_server import free_port
-from tests.common.test_server import start_server
+from tests.common.status_process import start_server
 
 
 def probe(target: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 import urllib.request
@@ -19,19 +18,7 @@ from ragr1.services.common.client import ChannelOptions, open_channel
 from ragr1.services.common.process import ServiceProcess
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.common.pki import write_pki
-
-
-def start_server(tmp_path: Path, port: int, *extra: str, host: str = "127.0.0.1",
-                 probe: ChannelOptions | None = None) -> ServiceProcess:
-    return ServiceProcess(
-        "status-test",
-        [sys.executable, "-m", "tests.common.status_server", "--host", host, "--port", str(port),
-         "--metrics-port", "0", *extra],
-        target=f"{host}:{port}",
-        log_path=tmp_path / "server.log",
-        start_timeout=30,
-        channel_options=probe,
-    )
+from tests.common.status_process import start_server, status_code
 
 
 @pytest.fixture()
@@ -129,22 +116,11 @@ def test_bearer_token_auth(tmp_path: Path, port: int) -> None:
             (ChannelOptions(token="wrong"), grpc.StatusCode.UNAUTHENTICATED),
             (ChannelOptions(token="s3cret-token"), grpc.StatusCode.OK),
         ]:
-            assert _status_code(target, opts) == expected, opts
+            assert status_code(target, opts) == expected, opts
         # Probes need no secret.
         channel = open_channel(target)
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        channel.close()
-
-
-def _status_code(target: str, opts: ChannelOptions) -> grpc.StatusCode:
-    channel = open_channel(target, opts)
-    try:
-        trainer_pb2_grpc.TrainerStub(channel).Status(trainer_pb2.StatusRequest(), timeout=5)
-        return grpc.StatusCode.OK
-    except grpc.RpcError as exc:
-        return exc.code()
-    finally:
         channel.close()
 
 
@@ -160,9 +136,9 @@ def test_tls(tmp_path: Path, port: int, mutual: bool) -> None:
     )
     with start_server(tmp_path, port, *extra, host="localhost", probe=with_client_cert):
         target = f"localhost:{port}"
-        assert _status_code(target, ChannelOptions()) == grpc.StatusCode.UNAVAILABLE  # plaintext refused
+        assert status_code(target, ChannelOptions()) == grpc.StatusCode.UNAVAILABLE  # plaintext refused
         if mutual:
-            assert _status_code(target, with_ca) == grpc.StatusCode.UNAVAILABLE  # no client certificate
-            assert _status_code(target, with_client_cert) == grpc.StatusCode.OK
+            assert status_code(target, with_ca) == grpc.StatusCode.UNAVAILABLE  # no client certificate
+            assert status_code(target, with_client_cert) == grpc.StatusCode.OK
         else:
-            assert _status_code(target, with_ca) == grpc.StatusCode.OK
+            assert status_code(target, with_ca) == grpc.StatusCode.OK

@@ -21,9 +21,9 @@ from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import DEFAULT_ENCODER
 from ragr1.services.reward.config import RewardConfig
 from ragr1.services.trainer.config import PPOConfig
+from tests.deploy.charts import env, render
+from tests.deploy.compose import config as compose_config
 from tests.deploy.conftest import CHART, ROOT, ragr1_invocations
-from tests.deploy.test_compose import config as compose_config
-from tests.deploy.test_helm import env, render
 
 # compose service -> (chart kind, chart component, the service's settings)
 SERVICES = {

@@ -7,24 +7,37 @@ here it breaks a test, and so does a subcommand that does not exist (a misspelt 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import shlex
+from collections.abc import Iterator
+from typing import Any
 
 import helm_python
 import pytest
 
 from ragr1.cli import build_parser
+from tests.deploy.charts import EVERYTHING_ON, Render, container, index_job, render
+from tests.deploy.compose import config
 from tests.deploy.conftest import CHART, ragr1_invocations
-from tests.deploy.test_compose import config
-from tests.deploy.test_helm import EVERYTHING_ON, render
 
 # The image's entrypoint (docker/Dockerfile): containers without a command of their own run ragr1.
 ENTRYPOINT = ["ragr1"]
+# The chart's values whose command lines are checked: the defaults and everything that changes them.
+CHART_VALUES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "tls": EVERYTHING_ON,
+    "ray": {"trainer": {"ray": {"enabled": True}}},
+}
+
+# Where a container runs (``compose <service>``, ``helm <values> <object>[/<container>]``) -> the
+# ``ragr1`` command lines it runs there.
+Invocations = dict[str, list[list[str]]]
 
 
-def compose_invocations() -> dict[str, list[list[str]]]:
+def compose_invocations(services: dict[str, Any]) -> Invocations:
     out = {}
-    for name, service in config("docker-compose.yml", "docker-compose.gpu.yml")["services"].items():
+    for name, service in services.items():
         if "build" not in service:
             continue  # redis, prometheus, grafana: not this project's image
         argv = (service.get("entrypoint") or ENTRYPOINT) + service.get("command", [])
@@ -32,51 +45,125 @@ def compose_invocations() -> dict[str, list[list[str]]]:
     return out
 
 
-def helm_invocations() -> dict[str, list[list[str]]]:
-    chart = helm_python.Chart.load(CHART)
-    out: dict[str, list[list[str]]] = {}
-    try:
-        ray = {"trainer": {"ray": {"enabled": True}}}
-        for label, values in (("defaults", {}), ("tls", EVERYTHING_ON), ("ray", ray)):
-            for (kind, name), obj in render(chart, values).items():
-                if kind == "RayJob":
-                    out[f"helm {label} {name}"] = ragr1_invocations(shlex.split(obj["spec"]["entrypoint"]))
-                if kind not in ("Deployment", "StatefulSet", "Job"):
-                    continue
-                for c in obj["spec"]["template"]["spec"]["containers"]:
-                    if c["image"].startswith("redis"):
-                        continue
-                    argv = c.get("command", ENTRYPOINT) + c.get("args", [])
-                    out[f"helm {label} {name}/{c['name']}"] = ragr1_invocations(argv)
-    finally:
-        chart.close()
+def chart_invocations(label: str, objects: Render) -> Invocations:
+    out: Invocations = {}
+    for (kind, name), obj in objects.items():
+        if kind == "RayJob":
+            out[f"helm {label} {name}"] = ragr1_invocations(shlex.split(obj["spec"]["entrypoint"]))
+        if kind not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            if c["image"].startswith("redis"):
+                continue
+            argv = c.get("command", ENTRYPOINT) + c.get("args", [])
+            out[f"helm {label} {name}/{c['name']}"] = ragr1_invocations(argv)
     return out
 
 
 def parse(argv: list[str]) -> str:
-    """argparse's complaint about ``ragr1 <argv>`` (an unknown subcommand included), or "" if it parses."""
+    """What is wrong with ``ragr1 <argv>``: argparse's complaint (an unknown subcommand included), or
+    that it names no command to run; "" if it would run."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            build_parser().parse_args(argv)
+            args = build_parser().parse_args(argv)
     except SystemExit:
         return stderr.getvalue().strip().splitlines()[-1]
-    return ""
+    return "" if callable(getattr(args, "run", None)) else "parses, but names no command to run"
+
+
+def problems(invocations: Invocations) -> dict[str, list[str]]:
+    """Where -> what is wrong there: a container of this project's image that runs no ``ragr1`` command
+    (its command line was not understood), and every command line the CLI refuses."""
+    out: dict[str, list[str]] = {}
+    for where, lines in invocations.items():
+        if not lines:
+            out.setdefault(where, []).append("runs no ragr1 command")
+        for argv in lines:
+            if error := parse(argv):
+                out.setdefault(where, []).append(f"ragr1 {' '.join(argv)}\n  -> {error}")
+    return out
+
+
+def report(found: dict[str, list[str]]) -> str:
+    return "\n".join(f"{where}: {problem}" for where, each in found.items() for problem in each)
+
+
+@pytest.fixture(scope="module")
+def compose_services() -> dict[str, Any]:
+    return config("docker-compose.yml", "docker-compose.gpu.yml")["services"]
+
+
+@pytest.fixture(scope="module")
+def chart_renders() -> Iterator[dict[str, Render]]:
+    chart = helm_python.Chart.load(CHART)
+    try:
+        yield {label: render(chart, values) for label, values in CHART_VALUES.items()}
+    finally:
+        chart.close()
 
 
 @pytest.mark.parametrize("source", ["compose", "helm"])
-def test_every_deployed_command_line_parses(source: str) -> None:
-    invocations = compose_invocations() if source == "compose" else helm_invocations()
-    commands: list[tuple[str, list[str]]] = [(where, argv) for where, lines in invocations.items() for argv in lines]
-    # Every ragr1 container was found and runs something.
-    assert all(invocations.values()), [where for where, lines in invocations.items() if not lines]
-    errors = [f"{where}: ragr1 {' '.join(argv)}\n  -> {error}" for where, argv in commands if (error := parse(argv))]
-    assert not errors, "\n".join(errors)
+def test_every_deployed_command_line_parses(source: str, request: pytest.FixtureRequest) -> None:
+    if source == "compose":
+        invocations = compose_invocations(request.getfixturevalue("compose_services"))
+    else:
+        renders: dict[str, Render] = request.getfixturevalue("chart_renders")
+        invocations = {where: lines for label, objects in renders.items()
+                       for where, lines in chart_invocations(label, objects).items()}
+    assert invocations  # nothing collected would pass whatever the files say
+    found = problems(invocations)
+    assert not found, report(found)
 
 
-def test_a_wrong_flag_or_a_misspelt_subcommand_is_caught() -> None:
-    """The check above can fail: a flag no parser knows and a subcommand that does not exist are reported."""
+def test_a_wrong_flag_or_a_misspelt_subcommand_is_caught(compose_services: dict[str, Any],
+                                                         chart_renders: dict[str, Render]) -> None:
+    """The check above can fail: the shipped compose file and chart, each with a few command lines
+    spoilt, go through the same collection and parsing, and exactly the spoilt places are reported."""
+    services = copy.deepcopy(compose_services)
+    assert services["retriever"]["command"][:2] == ["serve", "retriever"]
+    services["retriever"]["command"][1] = "retreiver"
+    services["reward"]["command"].append("--no-such-flag")
+    (script,) = services["index-build"]["command"]  # an `sh -c` script: found line by line
+    assert "ragr1 index build " in script
+    services["index-build"]["command"] = [script.replace("ragr1 index build ", "ragr1 index biuld ")]
+    services["trainer"]["entrypoint"] = ["ragr"]  # a container that would not run ragr1 at all
+    found = problems(compose_invocations(services))
+    spoilt = {"compose retriever", "compose reward", "compose index-build", "compose trainer"}
+    assert set(found) == spoilt, report(found)
+    assert "invalid choice: 'retreiver'" in found["compose retriever"][0]
+    assert "unrecognized arguments: --no-such-flag" in found["compose reward"][0]
+    assert "invalid choice: 'biuld'" in found["compose index-build"][0]
+    assert found["compose trainer"] == ["runs no ragr1 command"]
+
+    objects = copy.deepcopy(chart_renders["ray"])
+    container(objects, "Deployment", "retriever")["args"][1] = "retreiver"
+    container(objects, "Deployment", "reward")["args"] += ["--no-such-flag", "1"]
+    shard = container(objects, "StatefulSet", "retriever-shard")  # its flags come in as the script's "$@"
+    shard["args"] = [*shard["args"], "--no-such-flag"]
+    job = index_job(objects)["spec"]["template"]["spec"]["containers"][0]
+    job["command"][2] = job["command"][2].replace("ragr1 corpus ingest ", "ragr1 corpus injest ")
+    ray = objects[("RayJob", "ragr1-trainer")]["spec"]
+    ray["entrypoint"] += " --no-such-flag"
+    found = problems(chart_invocations("ray", objects))
+    where = {
+        "router": "helm ray ragr1-retriever/router",
+        "reward": "helm ray ragr1-reward/reward",
+        "shard": "helm ray ragr1-retriever-shard/shard",
+        "job": f"helm ray {index_job(objects)['metadata']['name']}/index-build",
+        "ray": "helm ray ragr1-trainer",
+    }
+    assert set(found) == set(where.values()), report(found)
+    assert "invalid choice: 'retreiver'" in found[where["router"]][0]
+    assert "unrecognized arguments: --no-such-flag 1" in found[where["reward"]][0]
+    assert "unrecognized arguments: --no-such-flag" in found[where["shard"]][0]
+    assert ["invalid choice: 'injest'" in p for p in found[where["job"]]] == [True]  # index build is fine
+    assert "unrecognized arguments: --no-such-flag" in found[where["ray"]][0]
+
+
+def test_parse_names_what_is_wrong() -> None:
     assert "unrecognized arguments" in parse(["redis", "--no-such-flag", "1"])
     assert "invalid choice: 'retreiver'" in parse(["serve", "retreiver", "--port", "1"])
     assert "invalid choice" in parse(["no-such-command"])
+    assert "required: SERVICE" in parse(["serve"])
     assert parse(["serve", "retriever-shard", "--index", "x", "--shard", "0"]) == ""

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from ragr1.services.common import ports
+from tests.deploy.compose import config
 from tests.deploy.conftest import ROOT, tool
 
 RAGR1_SERVERS = {
@@ -20,16 +21,6 @@ RAGR1_SERVERS = {
     "policy": ports.POLICY,
     "trainer": ports.TRAINER,
 }
-
-
-def config(*files: str) -> dict[str, Any]:
-    """The file as docker-compose itself resolves it (anchors, merges, defaults)."""
-    args = [tool("docker-compose"), "--project-directory", str(ROOT)]
-    for name in files:
-        args += ["-f", str(ROOT / name)]
-    result = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return yaml.safe_load(result.stdout)
 
 
 def mounts(service: dict[str, Any]) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -17,29 +16,14 @@ import grpc
 import pytest
 
 from ragr1.services.common.client import open_channel
-from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.common.status_process import start_server
 from tests.deploy.conftest import DASHBOARDS, ROOT, load_dashboard_generator, tool
+from tests.deploy.dashboards import dashboards, expressions, filled
 
 METRIC = re.compile(r"\bragr1_[a-z0-9_]+")
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
-# Grafana's variables, as Grafana would fill them in for a query.
-GRAFANA_VARIABLES = {"$__rate_interval": "1m"}
-
-
-def dashboards() -> dict[str, dict[str, Any]]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
-
-
-def expressions() -> list[tuple[str, str, str]]:
-    """(dashboard, panel title, PromQL) for every target of every panel."""
-    out = []
-    for name, board in dashboards().items():
-        for panel in board["panels"]:
-            for target in panel.get("targets", []):
-                out.append((name, panel["title"], target["expr"]))
-    return out
 
 
 def test_dashboards_are_what_the_generator_writes() -> None:
@@ -117,12 +101,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real server on the common runtime (with a few OK and failed calls) and a Prometheus scraping it."""
     tmp = tmp_path_factory.mktemp("prometheus")
     port, metrics_port, prom_port = free_port(), free_port(), free_port()
-    server = ServiceProcess(
-        "status-test",
-        [sys.executable, "-m", "tests.common.status_server", "--port", str(port), "--metrics-port", str(metrics_port)],
-        target=f"127.0.0.1:{port}", log_path=tmp / "server.log", start_timeout=30,
-    )
-    with server:
+    with start_server(tmp, port, metrics_port=metrics_port):
         stub = trainer_pb2_grpc.TrainerStub(open_channel(f"127.0.0.1:{port}"))
         for _ in range(3):
             stub.Status(trainer_pb2.StatusRequest(), timeout=5)
@@ -163,16 +142,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             log.close()
 
 
-def _filled(expr: str) -> str:
-    for variable, value in GRAFANA_VARIABLES.items():
-        expr = expr.replace(variable, value)
-    return expr
-
-
 def test_prometheus_accepts_every_panel_query(prometheus: str) -> None:
     errors = []
     for name, title, expr in expressions():
-        reply = _query(prometheus, _filled(expr))
+        reply = _query(prometheus, filled(expr))
         if reply.get("status") != "success":
             errors.append(f"{name} / {title}: {expr}\n  -> {reply.get('error')}")
     assert not errors, "\n".join(errors)
@@ -186,9 +159,9 @@ def test_overview_panels_show_the_common_runtime_metrics(prometheus: str) -> Non
         for target in panel.get("targets", []):
             if "ragr1_queue_events_total" in target["expr"]:
                 continue  # the queue is not used by this server
-            if not _query(prometheus, _filled(target["expr"]))["data"]["result"]:
+            if not _query(prometheus, filled(target["expr"]))["data"]["result"]:
                 empty.append(panel["title"])
     assert not empty, f"no data for: {empty}"
-    errors = _query(prometheus, _filled(next(
+    errors = _query(prometheus, filled(next(
         t["expr"] for p in board["panels"] if p["title"] == "Errors by status code" for t in p["targets"])))
     assert {r["metric"]["code"] for r in errors["data"]["result"]} == {"INVALID_ARGUMENT"}

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from ragr1.services.common import ports
+from tests.deploy.charts import EVERYTHING_ON, NAMESPACE, Render, arg, container, env, index_job, render
 from tests.deploy.conftest import CHART, DASHBOARDS, ragr1_invocations
 
 KUBE_VERSION = "1.30.0"
-NAMESPACE = "rl"
 # Kinds from operators (no schema in kubernetes-validate): the fields their controllers need.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
@@ -31,31 +31,12 @@ CUSTOM_KINDS = {
 SERVERS = {"retriever-shard": ports.RETRIEVER_SHARD, "retriever": ports.RETRIEVER, "reward": ports.REWARD,
            "policy": ports.POLICY, "trainer": ports.TRAINER}
 
-helm_python.disable_logging()
-
 
 @pytest.fixture(scope="module")
 def chart() -> Iterator[helm_python.Chart]:
     loaded = helm_python.Chart.load(CHART)
     yield loaded
     loaded.close()
-
-
-Render = dict[tuple[str, str], dict[str, Any]]
-
-
-def render(chart: helm_python.Chart, values: dict[str, Any] | None = None) -> Render:
-    """(kind, name) -> object, for every manifest the chart renders with these values."""
-    out: Render = {}
-    for path, text in chart.render(values or {}, name="ragr1", namespace=NAMESPACE).items():
-        if not path.endswith(".yaml"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc:
-                key = (doc["kind"], doc["metadata"]["name"])
-                assert key not in out, f"{key} rendered twice"
-                out[key] = doc
-    return out
 
 
 def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -67,30 +48,6 @@ def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"{name}-head", cluster["headGroupSpec"]["template"]["spec"]
             for group in cluster["workerGroupSpecs"]:
                 yield f"{name}-{group['groupName']}", group["template"]["spec"]
-
-
-def container(objects: Render, kind: str, name: str) -> dict[str, Any]:
-    return objects[(kind, f"ragr1-{name}")]["spec"]["template"]["spec"]["containers"][0]
-
-
-def index_job(objects: Render) -> dict[str, Any]:
-    (job,) = [obj for (kind, name), obj in objects.items() if kind == "Job" and name.startswith("ragr1-index-build-")]
-    return job
-
-
-def arg(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
-
-
-def env(c: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
-
-
-EVERYTHING_ON = {
-    "metrics": {"serviceMonitor": {"enabled": True}},
-    "tls": {"enabled": True, "secretName": "ragr1-tls", "mutual": True},
-    "models": {"existingClaim": "models"},
-}
 
 
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, {"trainer": {"ray": {"enabled": True}}},

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from ragr1.cli import build_parser
+from tests.deploy.charts import arg, container, index_job, render
 from tests.deploy.conftest import CHART, ragr1_invocations
-from tests.deploy.test_helm import arg, container, index_job, render
 
 
 @pytest.fixture(scope="module")

@@ -529,7 +529,7 @@ def prometheus_query(expr: str) -> list[Any]:
 
 
 def check_prometheus() -> int:
-    from tests.deploy.test_dashboards import GRAFANA_VARIABLES, expressions
+    from tests.deploy.dashboards import expressions, filled
 
     up = prometheus_query('up{job="ragr1"}')
     values = {r["metric"]["instance"]: r["value"][1] for r in up}
@@ -539,8 +539,7 @@ def check_prometheus() -> int:
     empty = []
     queries = expressions()
     for board, title, expr in queries:
-        for name, value in GRAFANA_VARIABLES.items():
-            expr = expr.replace(name, value)
+        expr = filled(expr)
         if not prometheus_query(expr):
             empty.append(f"{board} / {title}: {expr}")
     if empty:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,9 +22,8 @@ from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import common_pb2
+from tests.trainer.command import ROOT, child_env, run_train_ppo, train_ppo
 from tests.trainer.rollouts import make_loop, make_rollout, produce
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_check_rollout_names_the_problem() -> None:
@@ -313,38 +310,21 @@ def test_each_update_deletes_the_entries_every_group_is_done_with(
 
 
 def _trainer_command(redis_url: str, model_dir: Path, out: Path, prompts: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "ragr1",
-        "train",
-        "ppo",
-        "--redis-url",
-        redis_url,
-        "--model-dir",
-        str(model_dir),
-        "--output-dir",
-        str(out),
-        "--prompts-file",
-        str(prompts),
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--batch-size",
-        "4",
-        "--max-updates",
-        "6",
-        "--max-staleness",
-        "100",
-        "--poll-ms",
-        "100",
+    return train_ppo(
+        "--redis-url", redis_url,
+        "--model-dir", str(model_dir),
+        "--output-dir", str(out),
+        "--prompts-file", str(prompts),
+        "--port", "0",
+        "--metrics-port", "0",
+        "--batch-size", "4",
+        "--max-updates", "6",
+        "--max-staleness", "100",
+        "--poll-ms", "100",
         "--no-bf16",
-        "--micro-batch-size",
-        "2",
-        "--keep-checkpoints",
-        "10",
-    ]
+        "--micro-batch-size", "2",
+        "--keep-checkpoints", "10",
+    )
 
 
 def test_killed_trainer_resumes_and_trains_every_rollout_exactly_once(
@@ -357,7 +337,7 @@ def test_killed_trainer_resumes_and_trains_every_rollout_exactly_once(
     rollouts = [make_rollout(f"r{i:02d}") for i in range(24)]
     produce(redis_client, [*rollouts[:10], rollouts[3], *rollouts[10:]])  # r03 twice: a producer retry
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     command = _trainer_command(redis_server.url, tiny_model_dir, out, prompts)
     steps = out / "steps.jsonl"
     first = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -406,26 +386,11 @@ def test_trainer_refuses_a_prompt_file_with_missing_fields_before_training(
     prompts.write_text(
         json.dumps({"question": "ok?", "golden_answers": ["a"]}) + "\n" + json.dumps(record) + "\n"
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ragr1",
-            "train",
-            "ppo",
-            "--redis-url",
-            redis_server.url,
-            "--prompts-file",
-            str(prompts),
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--port",
-            "0",
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        timeout=120,
+    result = run_train_ppo(
+        "--redis-url", redis_server.url,
+        "--prompts-file", str(prompts),
+        "--output-dir", str(tmp_path / "out"),
+        "--port", "0",
     )
     assert result.returncode == 2
     assert f"{prompts}:2: missing field '{field}'" in result.stderr.decode()

@@ -4,9 +4,6 @@ moves the actor (nor the actor the critic), the k1 penalty in the rewards, warm-
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +13,8 @@ from ragr1.services.trainer import ppo
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.loop import to_sample
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
+from tests.trainer.command import run_train_ppo
 from tests.trainer.rollouts import make_rollout, tiny_settings
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def on_policy_samples(n: int = 4, group_size: int = 2) -> list[Sample]:
@@ -140,30 +136,13 @@ def test_bad_settings_are_refused_naming_them(change: dict[str, object], message
 
 
 def test_ragr1_train_ppo_refuses_split_grpo_groups_before_anything_starts(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ragr1",
-            "train",
-            "ppo",
-            "--advantage",
-            "grpo",
-            "--samples-per-prompt",
-            "4",
-            "--batch-size",
-            "6",
-            "--mini-batch-size",
-            "2",
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--redis-url",
-            "redis://127.0.0.1:1/0",
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        timeout=120,
+    result = run_train_ppo(
+        "--advantage", "grpo",
+        "--samples-per-prompt", "4",
+        "--batch-size", "6",
+        "--mini-batch-size", "2",
+        "--output-dir", str(tmp_path / "out"),
+        "--redis-url", "redis://127.0.0.1:1/0",
     )
     assert result.returncode == 2
     assert "batch_size (6) must be a multiple of samples_per_prompt (4)" in result.stderr.decode()
