@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ragr1.data import read_jsonl, train_path
 from ragr1.services.common.errors import InvalidArgument
-from ragr1.services.reward.process import LexicalRelevance, Passage, Round, process_score
+from ragr1.services.reward.process_reward import LexicalRelevance, Passage, Round, process_score
 from ragr1.services.reward.scoring import (
     Composition,
     Limits,

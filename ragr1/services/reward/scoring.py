@@ -28,7 +28,7 @@ from ragr1.agent.grammar import ParsedResponse, Span, parse_response, parse_span
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.answers import exact_match, normalized_golds, token_f1
 from ragr1.services.reward.format_check import FormatWeights, check_format
-from ragr1.services.reward.process import Passage, RelevanceScorer, Round, process_score
+from ragr1.services.reward.process_reward import Passage, RelevanceScorer, Round, process_score
 
 SCHEMES = ("weighted", "search_r1_v03")
 

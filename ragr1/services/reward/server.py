@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.reward.config import RewardConfig
-from ragr1.services.reward.process import LexicalRelevance
+from ragr1.services.reward.process_reward import LexicalRelevance
 from ragr1.services.reward.scoring import RewardScorer
 from ragr1.services.reward.servicer import RewardServicer
 from ragr1.v1 import reward_pb2_grpc
