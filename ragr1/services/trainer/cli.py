@@ -6,16 +6,14 @@ import argparse
 import asyncio
 from typing import Any
 
+from ragr1.services.common.commands import command
 from ragr1.services.common.config import add_arguments, from_args
-from ragr1.services.common.server import configure_logging
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
 
 
-def _run_sft(args: argparse.Namespace) -> int:
+def _run_sft(config: SFTConfig) -> int:
     from ragr1.services.trainer.sft import SFTTrainer
 
-    config = from_args(SFTConfig, args)
-    configure_logging("INFO")
     path = SFTTrainer(config).train()
     print(f"SFT checkpoint: {path}", flush=True)
     return 0
@@ -30,9 +28,7 @@ def _run_ppo(args: argparse.Namespace) -> int:
 def register(commands: Any, serve: Any) -> None:
     train = commands.add_parser("train", help="train the policy: SFT (format learning), then PPO")
     stages = train.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    sft = stages.add_parser("sft", help="format-learning SFT on think-then-search trajectories")
-    add_arguments(sft, SFTConfig)
-    sft.set_defaults(run=_run_sft)
+    command(stages, "sft", SFTConfig, _run_sft, help="format-learning SFT on think-then-search trajectories")
     ppo = stages.add_parser("ppo", help="PPO on rollouts from the Redis stream, weights back to the policy")
     add_arguments(ppo, PPOConfig)
     ppo.set_defaults(run=_run_ppo)
