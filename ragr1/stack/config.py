@@ -1,18 +1,25 @@
-"""Settings of the local stack and the demo: what to start, on which ports, how big."""
+"""Settings of the local stack and the demo (what to start, on which ports, how big), and of
+``ragr1 eval`` and ``ragr1 data prepare``."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ragr1.services.common.config import setting
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
+from ragr1.data import EVAL_BENCHMARKS, TRAIN_SETS
+from ragr1.services.common import ports
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.policy.agent import LoopConfig
+from ragr1.stack.evaluate import parse_modes
 from ragr1.stack.supervisor import RestartPolicy
 
 _LOOP = LoopConfig()
+# The reward service's settings for each ``--reward`` of the stack; em is the service's own default (RAG-R1's).
+REWARD_WEIGHTS: dict[str, dict[str, float]] = {"em": {}, "f1": {"em_weight": 0.0, "f1_weight": 1.0}}
 
 
 @dataclasses.dataclass
-class StackConfig:
+class StackConfig(Validated):
     run_dir: str = setting("", "where logs, endpoints.json, checkpoints and reports go; empty: runs/<time>")
     base_port: int = setting(0, "0: the default ports of ports.py; else every port counted from this one")
     shards: int = setting(2, "retriever shard processes")
@@ -31,6 +38,11 @@ class StackConfig:
     )
     start_timeout: float = setting(600.0, "seconds a service may take to become healthy")
 
+    def validate(self) -> None:
+        super().validate()
+        check_choice("reward", self.reward, tuple(REWARD_WEIGHTS))
+        check_at_least(self, (("base_port", 0), ("shards", 1), ("trainer_threads", 0), ("max_turns", 0)))
+
 
 @dataclasses.dataclass
 class UpConfig(StackConfig):
@@ -44,3 +56,62 @@ class UpConfig(StackConfig):
         f"restarts of a service that dies (with backoff) within {RestartPolicy.window_seconds:.0f} s before the "
         "stack stops; 0: stop at the first death",
     )
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_restarts", 0), ("index_passages", 0)))
+
+
+@dataclasses.dataclass
+class EvalConfig(Validated):
+    """``ragr1 eval``."""
+
+    policy: str = setting(f"127.0.0.1:{ports.POLICY}", "policy gRPC address")
+    endpoints: str = setting("", "endpoints.json of `ragr1 up` (overrides --policy)")
+    benchmarks: list[str] = setting(list, f"comma-separated, of: {', '.join(EVAL_BENCHMARKS)}", factory=True)
+    file: list[str] = setting(
+        list, "JSONL files in the same layout (question, golden_answers), comma-separated", factory=True
+    )
+    limit: int | None = setting(None, "first N questions of each")
+    mode: str = setting(
+        "multi", "none (no retrieval), single, multi, a comma-separated list, both (single,multi) or all"
+    )
+    batch_size: int = setting(16, "questions per Policy.Rollout call")
+    checkpoint: str = setting("", "load this checkpoint into the policy first")
+    out: str = setting("", "write the summaries and every question's answer and scores as JSON here")
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.benchmarks and not self.file:
+            raise ValueError("benchmarks and file are both empty: nothing to evaluate")
+        unknown = [b for b in self.benchmarks if b not in EVAL_BENCHMARKS]
+        if unknown:
+            raise ValueError(f"benchmarks: unknown {unknown}; known: {', '.join(EVAL_BENCHMARKS)}")
+        self.modes()
+        check_at_least(self, (("batch_size", 1), ("limit", 1)))
+
+    def modes(self) -> list[str]:
+        return parse_modes(self.mode)
+
+
+@dataclasses.dataclass
+class PrepareConfig(Validated):
+    """``ragr1 data prepare``."""
+
+    train_files: list[str] = setting(
+        lambda: list(TRAIN_SETS),
+        "shipped sets and/or JSONL files with question, golden_answers, paragraphs (comma-separated)",
+        factory=True,
+    )
+    out: str = setting("runs/data", "output folder")
+    limit: int | None = setting(None, "first N questions of each file")
+    top_k: int = setting(TOP_K, "passages per query in the SFT information blocks")
+    tokens_per_query: int = setting(
+        TOKENS_PER_QUERY, "tokens of documents per query in the information blocks (the policy's value)"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.train_files:
+            raise ValueError("train_files is empty: name a shipped set or a JSONL file")
+        check_at_least(self, (("top_k", 1), ("tokens_per_query", 1), ("limit", 1)))

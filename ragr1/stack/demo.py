@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
-from ragr1.services.common.config import setting
+from ragr1.services.common.config import check_at_least, check_choice, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
@@ -105,6 +105,17 @@ class DemoConfig(StackConfig):
         "skips evaluating the base model and SFT, for RL ablations on one SFT model",
     )
 
+    def validate(self) -> None:
+        super().validate()
+        check_choice("rl_mode", self.rl_mode, ("single", "multi"))
+        check_choice("rl_advantage", self.rl_advantage, ("gae", "grpo"))
+        check_at_least(self, (
+            ("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1), ("eval_batch", 1),
+            ("sft_epochs", 1), ("rl_updates", 1), ("rl_prompts", 1), ("rl_samples", 1), ("rl_uniform_groups", 0),
+        ))
+        if self.sft_checkpoint and not (Path(self.sft_checkpoint) / "config.json").exists():
+            raise ValueError(f"sft_checkpoint {self.sft_checkpoint} is not a policy checkpoint (no config.json)")
+
 
 @dataclasses.dataclass
 class StageResult:
@@ -118,12 +129,6 @@ class StageResult:
 
 class Demo:
     def __init__(self, config: DemoConfig) -> None:
-        if config.rl_mode not in ("single", "multi"):
-            raise StackError(f"--rl-mode must be single or multi, got {config.rl_mode!r}")
-        if config.rl_questions < 1:
-            raise StackError(f"--rl-questions must be at least 1 (RL prompts per source), got {config.rl_questions}")
-        if config.sft_checkpoint and not (Path(config.sft_checkpoint) / "config.json").exists():
-            raise StackError(f"--sft-checkpoint {config.sft_checkpoint} is not a policy checkpoint (no config.json)")
         self.config = config
         self.directory = run_dir(config)
         self.ports = plan.Ports.of(config)

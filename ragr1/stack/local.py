@@ -88,8 +88,6 @@ def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_sec
 
 
 def up(config: UpConfig) -> int:
-    if config.max_restarts < 0:
-        raise StackError(f"--max-restarts must be at least 0, got {config.max_restarts}")
     directory = run_dir(config)
     ports = plan.Ports.of(config)
     model = policy_model(config)

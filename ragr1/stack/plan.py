@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ragr1.services.common import ports
-from ragr1.stack.config import StackConfig
-from ragr1.stack.supervisor import ServiceSpec, StackError
+from ragr1.services.common.config import to_flags
+from ragr1.services.common.server import ServerConfig
+from ragr1.services.policy.config import PolicyConfig
+from ragr1.services.retriever.config import RouterConfig, ShardConfig
+from ragr1.services.reward.config import RewardConfig
+from ragr1.services.trainer.config import PPOConfig
+from ragr1.stack.config import REWARD_WEIGHTS, StackConfig
+from ragr1.stack.supervisor import ServiceSpec
 
 HOST = "127.0.0.1"
 
@@ -42,38 +50,36 @@ class Ports:
         return f"redis://{HOST}:{self.redis}/0"
 
 
-def _spec(name: str, args: list[str], port: int, config: StackConfig, **extra: str) -> ServiceSpec:
+def _spec(name: str, command: Sequence[str], cls: type[ServerConfig], settings: Mapping[str, Any], port: int,
+          config: StackConfig, extra: Mapping[str, str] | None = None) -> ServiceSpec:
+    """``ragr1 <command>`` listening on ``port`` (metrics on port + METRICS_OFFSET), with ``settings`` as the
+    flags of ``cls``, the service's own config: a setting it does not have fails here, in the parent,
+    instead of at the child's start."""
     metrics = port + ports.METRICS_OFFSET
+    values = {**settings, "host": HOST, "port": port, "metrics_port": metrics}
     return ServiceSpec(
         name=name,
-        args=[*args, "--host", HOST, "--port", str(port), "--metrics-port", str(metrics)],
-        port=port, metrics_port=metrics, host=HOST, start_timeout=config.start_timeout, extra=dict(extra),
+        args=[*command, *to_flags(cls(**values), names=list(values))],
+        port=port, metrics_port=metrics, host=HOST, start_timeout=config.start_timeout, extra=dict(extra or {}),
     )
 
 
 def retrieval_specs(config: StackConfig, p: Ports, index_dir: Path) -> list[ServiceSpec]:
     specs = [
-        _spec(f"retriever-shard-{i}", ["serve", "retriever-shard", "--index", str(index_dir), "--shard", str(i)],
-              port, config)
+        _spec(f"retriever-shard-{i}", ["serve", "retriever-shard"], ShardConfig,
+              {"index": str(index_dir), "shard": i}, port, config)
         for i, port in enumerate(p.shards)
     ]
-    shard_list = ",".join(f"{HOST}:{port}" for port in p.shards)
     specs.append(_spec(
-        "retriever", ["serve", "retriever", "--index", str(index_dir), "--shards", shard_list,
-                      "--http-port", str(p.http)],
-        p.router, config, http=f"http://{HOST}:{p.http}/retrieve",
+        "retriever", ["serve", "retriever"], RouterConfig,
+        {"index": str(index_dir), "shards": [f"{HOST}:{port}" for port in p.shards], "http_port": p.http},
+        p.router, config, extra={"http": f"http://{HOST}:{p.http}/retrieve"},
     ))
     return specs
 
 
-# The reward service's flags for each ``--reward`` of the stack; em is the service's own default (RAG-R1's).
-REWARD_WEIGHTS: dict[str, list[str]] = {"em": [], "f1": ["--em-weight", "0", "--f1-weight", "1"]}
-
-
 def reward_spec(config: StackConfig, p: Ports) -> ServiceSpec:
-    if config.reward not in REWARD_WEIGHTS:
-        raise StackError(f"--reward must be one of {', '.join(REWARD_WEIGHTS)}, got {config.reward!r}")
-    return _spec("reward", ["serve", "reward", *REWARD_WEIGHTS[config.reward]], p.reward, config)
+    return _spec("reward", ["serve", "reward"], RewardConfig, REWARD_WEIGHTS[config.reward], p.reward, config)
 
 
 def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = True, name: str = "policy",
@@ -81,14 +87,14 @@ def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = Tr
     """``name`` and ``port``: a replica beside the first (``port`` 0: ``p.policy``). The worker's consumer
     name is the service's, stable across restarts, so that a restarted worker takes back its pending
     prompts at once instead of leaving them to the others' reclaim (10 minutes by default)."""
-    args = [
-        "serve", "rollout-worker" if worker else "policy", "--model", str(model), "--worker-name", name,
-        "--retriever-address", f"{HOST}:{p.router}", "--reward-address", f"{HOST}:{p.reward}",
-        "--redis-url", p.redis_url(), "--max-turns", str(config.max_turns),
-        "--max-tokens-per-turn", str(config.max_tokens_per_turn), "--kv-cache-gib", str(config.kv_cache_gib),
-        "--tokens-per-query", str(config.tokens_per_query), "--max-model-len", str(config.max_model_len),
-    ]
-    return _spec(name, args, port or p.policy, config)
+    settings = {
+        "model": str(model), "worker_name": name, "retriever_address": f"{HOST}:{p.router}",
+        "reward_address": f"{HOST}:{p.reward}", "redis_url": p.redis_url(), "max_turns": config.max_turns,
+        "max_tokens_per_turn": config.max_tokens_per_turn, "kv_cache_gib": config.kv_cache_gib,
+        "tokens_per_query": config.tokens_per_query, "max_model_len": config.max_model_len,
+    }
+    command = ["serve", "rollout-worker" if worker else "policy"]
+    return _spec(name, command, PolicyConfig, settings, port or p.policy, config)
 
 
 def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
@@ -96,18 +102,17 @@ def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
     the trainer updates: with a thread on every core each parallel region waits for the thread that
     shares vLLM's core, and the update ran 1.8-2.2x slower than with one thread on two cores
     (bench/trainer_colocation.py). Half the cores each, unless configured."""
-    if config.trainer_threads < 0:
-        raise StackError(f"--trainer-threads must be 0 (half the cores) or more, got {config.trainer_threads}")
     return config.trainer_threads or max(1, (cores or os.cpu_count() or 2) // 2)
 
 
 def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path, *extra: str,
                  replicas: tuple[int, ...] = ()) -> ServiceSpec:
     """``replicas``: the policy ports the trainer pushes weights to (empty: ``p.policy``)."""
-    args = [
-        "train", "ppo", "--model-dir", str(model), "--redis-url", p.redis_url(),
-        "--policy-replicas", ",".join(f"{HOST}:{port}" for port in replicas or (p.policy,)),
-        "--output-dir", str(output_dir),
-        "--threads", str(trainer_threads(config)), *extra,
-    ]
-    return _spec("trainer", args, p.trainer, config)
+    settings = {
+        "model_dir": str(model), "redis_url": p.redis_url(),
+        "policy_replicas": [f"{HOST}:{port}" for port in replicas or (p.policy,)],
+        "output_dir": str(output_dir), "threads": trainer_threads(config),
+    }
+    spec = _spec("trainer", ["train", "ppo"], PPOConfig, settings, p.trainer, config)
+    spec.args += extra
+    return spec

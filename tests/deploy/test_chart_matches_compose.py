@@ -164,9 +164,10 @@ def test_images_index_and_scratch_space_agree(compose: dict[str, Any], chart: An
     def option(argv: list[str], flag: str, default: str) -> str:
         return argv[argv.index(flag) + 1] if flag in argv else default
 
-    for flag, default in (("--shards", "1"), ("--index-type", "flat"), ("--encoder", DEFAULT_ENCODER)):
+    for flag, default in (("--num-shards", "1"), ("--index-type", "flat"), ("--encoder", DEFAULT_ENCODER)):
         assert option(index["chart"], flag, default).strip('"') == option(index["compose"], flag, default), flag
-    assert int(option(index["compose"], "--shards", "1")) == sum(s.startswith("retriever-shard-") for s in compose)
+    assert int(option(index["compose"], "--num-shards", "1")) == sum(
+        s.startswith("retriever-shard-") for s in compose)
 
     # A writable, executable /tmp in every ragr1 container: inductor loads what it compiles from there.
     for service in SERVICES:

@@ -103,7 +103,8 @@ def test_servers_listen_probe_and_expose_metrics_on_the_same_ports(chart: helm_p
 
 
 def test_shard_count_sets_replicas_router_fan_out_and_the_index_build(chart: helm_python.Chart) -> None:
-    objects = render(chart, {"retriever": {"shards": 5}, "index": {"type": "ivfpq"}})
+    corpus = ["/models/part 1.jsonl.gz", "/models/part-2.jsonl.gz"]
+    objects = render(chart, {"retriever": {"shards": 5}, "index": {"type": "ivfpq", "corpusFiles": corpus}})
     shards = objects[("StatefulSet", "ragr1-retriever-shard")]
     assert shards["spec"]["replicas"] == 5
     router = container(objects, "Deployment", "retriever")
@@ -113,7 +114,8 @@ def test_shard_count_sets_replicas_router_fan_out_and_the_index_build(chart: hel
     build = index_job(objects)["spec"]["template"]["spec"]["containers"][0]
     ingest, index = ragr1_invocations(build["command"] + build.get("args", []))
     assert ingest[:2] == ["corpus", "ingest"] and index[:2] == ["index", "build"]
-    assert (arg(index, "--shards"), arg(index, "--index-type")) == ("5", "ivfpq")
+    assert (arg(index, "--num-shards"), arg(index, "--index-type")) == ("5", "ivfpq")
+    assert arg(ingest, "--input").split(",") == corpus  # a list setting is one comma-separated value
 
 
 def test_index_job_builds_once_per_settings(chart: helm_python.Chart, tmp_path: Path) -> None:

@@ -31,8 +31,9 @@ def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--reward", "bleu"], "--reward must be one of em, f1, got 'bleu'"),
-        (["--rl-questions", "0"], "--rl-questions must be at least 1"),
+        (["--reward", "bleu"], "reward must be one of em, f1, got 'bleu'"),
+        (["--rl-questions", "0"], "rl_questions must be at least 1"),
+        (["--rl-mode", "both"], "rl_mode must be one of single, multi, got 'both'"),
     ],
 )
 def test_bad_rl_settings_stop_the_demo_before_anything_starts(
@@ -42,6 +43,6 @@ def test_bad_rl_settings_stop_the_demo_before_anything_starts(
         [sys.executable, "-m", "ragr1", "demo", "--preset", "long", *flags, "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 1
-    assert message in result.stderr
-    assert not (tmp_path / "run" / "logs").exists()
+    assert result.returncode == 2
+    assert f"ragr1 demo: error: {message}" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before a run folder was made

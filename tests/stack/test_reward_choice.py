@@ -12,7 +12,6 @@ from ragr1.services.common.redis_server import free_port
 from ragr1.services.reward.client import RewardClient
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
-from ragr1.stack.supervisor import StackError
 from ragr1.v1 import reward_pb2
 
 RESPONSE = (
@@ -34,5 +33,5 @@ def test_the_reward_service_pays_what_the_stack_asked_for(tmp_path: Path, reward
 
 
 def test_an_unknown_reward_is_refused_with_the_choices() -> None:
-    with pytest.raises(StackError, match="--reward must be one of em, f1, got 'bleu'"):
-        plan.reward_spec(StackConfig(reward="bleu"), plan.Ports.of(StackConfig()))
+    with pytest.raises(ValueError, match="reward must be one of em, f1, got 'bleu'"):
+        StackConfig(reward="bleu")

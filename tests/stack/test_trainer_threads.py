@@ -16,7 +16,6 @@ from ragr1.services.trainer.model import init_torch
 from ragr1.services.trainer.sft import SFTTrainer
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
-from ragr1.stack.supervisor import StackError
 
 
 @pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (16, 8)])
@@ -26,8 +25,8 @@ def test_the_trainer_gets_half_the_cores_by_default(cores: int, threads: int) ->
 
 def test_a_configured_thread_count_wins_and_a_negative_one_is_refused() -> None:
     assert plan.trainer_threads(StackConfig(trainer_threads=3), 2) == 3
-    with pytest.raises(StackError, match=r"--trainer-threads must be 0 \(half the cores\) or more, got -1"):
-        plan.trainer_threads(StackConfig(trainer_threads=-1), 2)
+    with pytest.raises(ValueError, match="trainer_threads must be at least 0, got -1"):
+        StackConfig(trainer_threads=-1)
 
 
 def test_the_trainer_cli_reads_the_stack_s_thread_count(tmp_path: Path) -> None:

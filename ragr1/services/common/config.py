@@ -50,6 +50,19 @@ class Validated:
         """Raises ValueError naming the first setting out of range."""
 
 
+def check_at_least(config: object, bounds: Sequence[tuple[str, int]]) -> None:
+    """Raises ValueError naming the first field of ``config`` below its bound (a None field is unset)."""
+    for name, low in bounds:
+        value = getattr(config, name)
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be at least {low}, got {value}")
+
+
+def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 def read_secret(path: str, what: str) -> str:
     """The secret held in the file ``path`` (a token, a password), stripped; an error names ``what`` and
     the file, never the content."""

@@ -7,6 +7,7 @@ It prefers the system ``redis-server`` (7.x from Debian), else the 6.2 binary th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import shutil
 import socket
@@ -18,7 +19,8 @@ from types import TracebackType
 
 import redis
 
-from ragr1.services.common.config import write_secret
+from ragr1.services.common import ports
+from ragr1.services.common.config import Validated, setting, write_secret
 
 
 def find_redis_binary() -> str:
@@ -53,6 +55,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port found in {_PORTS.start}-{_PORTS.stop - 1} on {host}")
+
+
+@dataclasses.dataclass
+class RedisConfig(Validated):
+    """``ragr1 redis``."""
+
+    port: int = setting(ports.REDIS, "port; 0 picks a free one")
+    host: str = setting("127.0.0.1", "address to listen on")
+    # Not data_dir: RAGR1_DATA_DIR already says where the shipped data is (ragr1/data.py).
+    aof_dir: str = setting("", "keep the append-only file here; empty: a temporary directory, removed on stop")
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be within [0, 65535], got {self.port}")
 
 
 class RedisServer:

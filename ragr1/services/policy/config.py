@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ragr1.agent.prompts import Mode
 from ragr1.services.common import ports
-from ragr1.services.common.config import setting
+from ragr1.services.common.config import check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, Sampling
@@ -121,17 +121,10 @@ class PolicyConfig(ServerConfig, QueueConfig):
     def validate(self) -> None:
         super().validate()
         self.in_flight_policy()
-        for name, low in (
-            ("max_turns", 0),
-            ("top_k", 1),
-            ("max_queries_per_search", 1),
-            ("max_batch", 1),
-            ("max_tokens_per_turn", 1),
-            ("tokens_per_query", 1),
-            ("worker_batch", 1),
-        ):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        check_at_least(self, (
+            ("max_turns", 0), ("top_k", 1), ("max_queries_per_search", 1), ("max_batch", 1),
+            ("max_tokens_per_turn", 1), ("tokens_per_query", 1), ("worker_batch", 1),
+        ))
         Mode.parse(self.mode)
         needed = self.loop_config().context_needed(self.max_tokens_per_turn)
         if needed > self.max_model_len:
@@ -143,9 +136,6 @@ class PolicyConfig(ServerConfig, QueueConfig):
             )
         if self.engine_check_seconds <= 0:
             raise ValueError(f"engine_check_seconds must be positive, got {self.engine_check_seconds}")
-        if self.on_retrieval_error not in ("requeue", "dead_letter"):
-            raise ValueError(
-                f"on_retrieval_error must be 'requeue' or 'dead_letter', got {self.on_retrieval_error!r}"
-            )
+        check_choice("on_retrieval_error", self.on_retrieval_error, ("requeue", "dead_letter"))
         if self.worker and not self.reward_address:
             raise ValueError("worker mode needs reward_address: rollouts go to the trainer scored")

@@ -1,12 +1,25 @@
-"""Settings of the retriever shard and router servers."""
+"""Settings of the retriever's commands: ``corpus ingest``, ``index build`` and ``index plan``, and the
+shard and router servers."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
+from ragr1.services.retriever import plan
+from ragr1.services.retriever.build import DEFAULT_CHUNK_SIZE
+from ragr1.services.retriever.corpus import CORPUS_FORMATS, KILT_WORDS_PER_PASSAGE
+from ragr1.services.retriever.encoder import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_ENCODER,
+    PRESETS,
+    EncoderSettings,
+    preset,
+)
+from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexSpec
 
 CHECKSUM_MODES = ("start", "background", "off")
 # What the router does when a shard is down or late (RouterConfig.on_shard_failure).
@@ -16,6 +29,137 @@ FAILURE_MODES = ("unavailable", "partial")
 def require_index(index: str) -> None:
     if not index:
         raise ValueError("index is required (--index): the index directory or its manifest.json")
+
+
+_SPEC = IndexSpec()
+
+
+def _encoder_settings(encoder: str, backend: str, max_passage_tokens: int) -> EncoderSettings:
+    """The preset of ``encoder`` on ``backend``, its passage length overridden unless 0."""
+    settings = preset(encoder, backend)
+    if max_passage_tokens:
+        settings = dataclasses.replace(settings, max_passage_tokens=max_passage_tokens)
+    return settings
+
+
+@dataclasses.dataclass
+class IngestConfig(Validated):
+    """``ragr1 corpus ingest``."""
+
+    input: list[str] = setting(
+        list, "JSONL files, .gz allowed, comma-separated; empty: the shipped corpus data/corpus/wiki_passages.jsonl",
+        factory=True,
+    )
+    format: str = setting("jsonl", "jsonl: id + contents or title + text; kilt: KILT pages split into passages")
+    words: int = setting(KILT_WORDS_PER_PASSAGE, "words per KILT passage")
+    limit: int | None = setting(None, "stop after this many passages")
+    out: str = setting("", "store directory (required)")
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("format", self.format, CORPUS_FORMATS)
+        check_at_least(self, (("words", 1),))
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be at least 1, got {self.limit}")
+        if not self.out:
+            raise ValueError("out is required: the directory the passage store is written to")
+
+
+@dataclasses.dataclass
+class BuildConfig(Validated):
+    """``ragr1 index build``."""
+
+    store: str = setting("", "passage store from `ragr1 corpus ingest` (required)")
+    out: str = setting("", "index directory (required)")
+    num_shards: int = setting(1, "how many shard files the index is split into")
+    index_type: str = setting(
+        _SPEC.index_type, f"one of {', '.join(INDEX_TYPES)} (flat: exact inner product; the others compress)"
+    )
+    encoder: str = setting(DEFAULT_ENCODER, f"preset ({', '.join(PRESETS)}), a hub id or a model directory")
+    max_passage_tokens: int = setting(0, "override the preset's passage length; 0 keeps it")
+    encoder_backend: str = setting(
+        DEFAULT_BACKEND,
+        "torch (float32; float16 on GPUs), onnx (ONNX Runtime, float32) or onnx-int8 (int8 weights); "
+        "the export is kept beside the index and the router uses it",
+    )
+    gpu: str = setting("auto", f"build on GPUs when FAISS sees them: {', '.join(GPU_MODES)}")
+    embeddings_dir: str = setting("", "embedding chunks; empty: RAGR1_CACHE_DIR/embeddings/<store>-<encoder>")
+    chunk_size: int = setting(DEFAULT_CHUNK_SIZE, "passages per saved chunk")
+    nlist: int = setting(_SPEC.nlist, "ivfpq: inverted lists")
+    pq_m: int = setting(_SPEC.pq_m, "ivfpq: bytes per vector")
+    pq_bits: int = setting(_SPEC.pq_bits, "ivfpq: bits per code")
+    nprobe: int = setting(_SPEC.nprobe, "ivfpq: lists searched")
+    hnsw_m: int = setting(_SPEC.hnsw_m, "hnsw: neighbours per node")
+    ef_search: int = setting(_SPEC.ef_search, "hnsw: search beam")
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.store:
+            raise ValueError("store is required: the passage store from `ragr1 corpus ingest`")
+        if not self.out:
+            raise ValueError("out is required: the directory the index is written to")
+        check_choice("index_type", self.index_type, INDEX_TYPES)
+        check_choice("encoder_backend", self.encoder_backend, BACKENDS)
+        check_choice("gpu", self.gpu, GPU_MODES)
+        check_at_least(self, (
+            ("num_shards", 1), ("max_passage_tokens", 0), ("chunk_size", 1), ("nlist", 1), ("pq_m", 1),
+            ("pq_bits", 1), ("nprobe", 1), ("hnsw_m", 2), ("ef_search", 1),
+        ))
+
+    def index_spec(self) -> IndexSpec:
+        return IndexSpec(self.index_type, nlist=self.nlist, pq_m=self.pq_m, pq_bits=self.pq_bits,
+                         nprobe=self.nprobe, hnsw_m=self.hnsw_m, ef_search=self.ef_search)
+
+    def encoder_settings(self) -> EncoderSettings:
+        return _encoder_settings(self.encoder, self.encoder_backend, self.max_passage_tokens)
+
+
+@dataclasses.dataclass
+class PlanConfig(Validated):
+    """``ragr1 index plan``."""
+
+    passages: int = setting(plan.WIKIPEDIA_PASSAGES, "passage count (default: Wikipedia's wiki-18)")
+    encoder: str = setting("BAAI/bge-large-en-v1.5", f"model, which gives the dimension: {', '.join(plan.MODELS)}")
+    index_type: list[str] = setting(lambda: list(INDEX_TYPES), "index types, comma-separated", factory=True)
+    shard_counts: list[int] = setting(lambda: [1, 4, 8], "shard counts to size, comma-separated", factory=True)
+    pq_m: int = setting(_SPEC.pq_m, "ivfpq: bytes per vector")
+    nlist: int = setting(65536, "ivfpq: inverted lists")
+    hnsw_m: int = setting(_SPEC.hnsw_m, "hnsw: neighbours per node")
+    encode_rate: float = setting(0.0, "passages/s (e.g. of your GPUs); 0 measures a rate here")
+    measure_backend: str = setting(DEFAULT_BACKEND, f"encoder backend measured here: {', '.join(BACKENDS)}")
+    store: str = setting("", "passage store to measure recall on; empty: recall is not measured")
+    queries: int = setting(500, "questions to measure recall with")
+    max_passage_tokens: int = setting(0, "passage length when embedding --store; 0 keeps the preset's")
+    k: int = setting(10, "top-k compared")
+    recall_pq_m: int = setting(
+        48, f"ivfpq bytes per vector when measuring recall (must divide {DEFAULT_ENCODER}'s dimension)"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("encoder", self.encoder, tuple(plan.MODELS))
+        check_choice("measure_backend", self.measure_backend, BACKENDS)
+        for kind in self.index_type:
+            check_choice("index_type", kind, INDEX_TYPES)
+        if not self.index_type:
+            raise ValueError("index_type must name at least one index type")
+        if not self.shard_counts or min(self.shard_counts) < 1:
+            raise ValueError(f"shard_counts must list positive counts, got {self.shard_counts}")
+        check_at_least(self, (
+            ("passages", 1), ("pq_m", 1), ("nlist", 1), ("hnsw_m", 2), ("queries", 1), ("max_passage_tokens", 0),
+            ("k", 1), ("recall_pq_m", 1),
+        ))
+        if self.encode_rate < 0:
+            raise ValueError(f"encode_rate must be 0 (measure here) or positive, got {self.encode_rate}")
+        dim = plan.MODELS[DEFAULT_ENCODER][0]
+        if dim % self.recall_pq_m:
+            raise ValueError(
+                f"recall_pq_m must divide {dim}, the dimension of {DEFAULT_ENCODER}, got {self.recall_pq_m}"
+            )
+
+    def encoder_settings(self) -> EncoderSettings:
+        """What ``--store`` is embedded with to measure recall: the shipped encoder, on the measured backend."""
+        return _encoder_settings(DEFAULT_ENCODER, self.measure_backend, self.max_passage_tokens)
 
 
 @dataclasses.dataclass
@@ -42,10 +186,8 @@ class ShardConfig(ServerConfig):
     def validate(self) -> None:
         super().validate()
         require_index(self.index)
-        if self.checksum not in CHECKSUM_MODES:
-            raise ValueError(f"checksum must be one of {CHECKSUM_MODES}, got {self.checksum!r}")
-        if self.shard < 0:
-            raise ValueError(f"shard must be >= 0, got {self.shard}")
+        check_choice("checksum", self.checksum, CHECKSUM_MODES)
+        check_at_least(self, [("shard", 0)])
 
 
 @dataclasses.dataclass
@@ -95,8 +237,6 @@ class RouterConfig(ServerConfig):
         require_index(self.index)
         if not self.shards:
             raise ValueError("shards is required (--shards host:port,...): the shard addresses in shard order")
-        if self.on_shard_failure not in FAILURE_MODES:
-            raise ValueError(f"on_shard_failure must be one of {FAILURE_MODES}, got {self.on_shard_failure!r}")
-        for name in ("max_queries", "max_query_chars", "max_top_k", "max_batch_rows", "encoder_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_choice("on_shard_failure", self.on_shard_failure, FAILURE_MODES)
+        check_at_least(self, [(name, 1) for name in (
+            "max_queries", "max_query_chars", "max_top_k", "max_batch_rows", "encoder_workers")])

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from ragr1.services.common.commands import configure_logging, service
-from ragr1.services.common.config import add_arguments, from_args
+from ragr1.services.common.commands import command, service
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
 
 
-def _run_sft(args: argparse.Namespace) -> int:
+def _run_sft(config: SFTConfig) -> int:
     from ragr1.services.trainer.sft import SFTTrainer
 
-    config = from_args(SFTConfig, args)
-    configure_logging("INFO")
     path = SFTTrainer(config).train()
     print(f"SFT checkpoint: {path}", flush=True)
     return 0
@@ -23,8 +19,6 @@ def _run_sft(args: argparse.Namespace) -> int:
 def register(commands: Any, serve: Any) -> None:
     train = commands.add_parser("train", help="train the policy: SFT (format learning), then PPO")
     stages = train.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    sft = stages.add_parser("sft", help="format-learning SFT on think-then-search trajectories")
-    add_arguments(sft, SFTConfig)
-    sft.set_defaults(run=_run_sft)
+    command(stages, "sft", SFTConfig, _run_sft, help="format-learning SFT on think-then-search trajectories")
     service(stages, "ppo", PPOConfig, "ragr1.services.trainer.server",
             help="PPO on rollouts from the Redis stream, weights back to the policy")

@@ -8,7 +8,7 @@ import dataclasses
 
 from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 
@@ -17,12 +17,6 @@ KL_KINDS = ("k1", "k3")
 # Where the networks train; model.training_device resolves "auto" and checks that a GPU is there.
 DEVICES = ("auto", "cpu", "cuda")
 SHARDINGS = ("fsdp", "replicate")
-
-
-def _check_at_least(settings: object, bounds: tuple[tuple[str, int], ...]) -> None:
-    for name, low in bounds:
-        if getattr(settings, name) < low:
-            raise ValueError(f"{name} must be at least {low}, got {getattr(settings, name)}")
 
 
 @dataclasses.dataclass
@@ -48,9 +42,8 @@ class ModelSettings(Validated):
 
     def validate(self) -> None:
         super().validate()
-        _check_at_least(self, (("micro_batch_size", 1), ("lora_rank", 0), ("threads", 0)))
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {list(DEVICES)}, got {self.device!r}")
+        check_at_least(self, (("micro_batch_size", 1), ("lora_rank", 0), ("threads", 0)))
+        check_choice("device", self.device, DEVICES)
 
 
 @dataclasses.dataclass
@@ -137,10 +130,9 @@ class PPOSettings(ModelSettings):
             ("kl_kind", KL_KINDS),
             ("sharding", SHARDINGS),
         ):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
+            check_choice(name, getattr(self, name), choices)
         super().validate()
-        _check_at_least(self, (
+        check_at_least(self, (
             ("mini_batch_size", 1), ("ppo_epochs", 1), ("logit_chunk_tokens", 1), ("micro_batch_tokens", 0),
             ("max_updates", 0),
         ))
@@ -193,7 +185,7 @@ class PPOConfig(PPOSettings, ServerConfig, QueueConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check_at_least(self, (
+        check_at_least(self, (
             ("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0),
             ("max_uniform_groups", 0),
         ))
