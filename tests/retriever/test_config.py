@@ -49,5 +49,5 @@ def test_build_defaults_are_the_index_s_own() -> None:
 
 def test_plan_lists_come_from_every_layer(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text('{"index_type": ["flat", "hnsw"]}')
-    loaded = config.load(PlanConfig, file=tmp_path / "plan.json", env={"RAGR1_SHARDS": "2, 16"})
-    assert (loaded.index_type, loaded.shards) == (["flat", "hnsw"], [2, 16])
+    loaded = config.load(PlanConfig, file=tmp_path / "plan.json", env={"RAGR1_SHARD_COUNTS": "2, 16"})
+    assert (loaded.index_type, loaded.shard_counts) == (["flat", "hnsw"], [2, 16])

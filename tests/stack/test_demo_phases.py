@@ -12,7 +12,6 @@ import pytest
 
 from ragr1.stack import demo as demo_module
 from ragr1.stack.demo import Demo, DemoConfig
-from ragr1.stack.supervisor import StackError
 from ragr1.v1 import policy_pb2
 
 
@@ -89,5 +88,6 @@ def test_an_earlier_sft_model_skips_base_and_sft(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_path_that_is_not_a_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(StackError, match="is not a policy checkpoint"):
-        Demo(DemoConfig(run_dir=str(tmp_path / "run"), sft_checkpoint=str(tmp_path / "missing")))
+    with pytest.raises(ValueError, match=r"sft_checkpoint .* is not a policy checkpoint"):
+        DemoConfig(run_dir=str(tmp_path / "run"), sft_checkpoint=str(tmp_path / "missing"))
+    assert not (tmp_path / "run").exists()
