@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.data import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.services.common import ports
 from ragr1.services.common.config import add_arguments, from_args
+from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.config import UpConfig
 from ragr1.stack.supervisor import StackError
 
@@ -92,7 +92,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from ragr1.stack.prepare import prepare
 
     sources = [s for s in args.train_files.split(",") if s]
-    done = prepare(sources, Path(args.out), args.limit, args.top_k, args.tokens_per_query)
+    done = prepare(sources, Path(args.out), from_args(InformationSettings, args), args.limit)
     print(f"{done.questions} questions -> {done.prompts}, {done.parquet['single']}, {done.parquet['multi']}")
     print(f"{done.trajectories} SFT trajectories (single and multi-query) -> {done.sft}")
     return 0
@@ -135,7 +135,5 @@ def register(commands: Any, serve: Any) -> None:
                       help="shipped sets and/or JSONL files with question, golden_answers, paragraphs")
     prep.add_argument("--out", default="runs/data", help="output folder")
     prep.add_argument("--limit", type=int, default=None, help="first N questions of each file")
-    prep.add_argument("--top-k", type=int, default=TOP_K, help="passages per query in the SFT information blocks")
-    prep.add_argument("--tokens-per-query", type=int, default=TOKENS_PER_QUERY,
-                      help="tokens of documents per query in the information blocks (the policy's value)")
+    add_arguments(prep, InformationSettings)
     prep.set_defaults(run=_prepare)

@@ -199,7 +199,7 @@ class Demo:
             sys.executable, "-m", "ragr1", "train", "sft", "--model-dir", str(self.model),
             "--train-files", str(self.train_file), "--limit", "0", "--modes", "single,multi",
             "--epochs", str(c.sft_epochs), "--lr", str(c.sft_lr), "--micro-batch-size", str(c.sft_micro_batch),
-            "--top-k", "3", "--tokens-per-query", str(c.tokens_per_query), "--output-dir", str(out),
+            "--tokens-per-query", str(c.tokens_per_query), "--output-dir", str(out),
         ]
         print(f"SFT (format learning) on {self.train_file.name}; log {log}", flush=True)
         with open(log, "ab") as handle:

@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.data import read_jsonl, train_source
+from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.questions import write_jsonl
 
 QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source")
@@ -29,8 +29,7 @@ class Prepared:
     trajectories: int
 
 
-def prepare(sources: list[str], out: Path, limit: int | None = None, top_k: int = TOP_K,
-            tokens_per_query: int = TOKENS_PER_QUERY) -> Prepared:
+def prepare(sources: list[str], out: Path, blocks: InformationSettings, limit: int | None = None) -> Prepared:
     """The information blocks of the trajectories are cut per query with the served model's tokenizer,
     as the policy cuts them."""
     from transformers import AutoTokenizer
@@ -53,7 +52,7 @@ def prepare(sources: list[str], out: Path, limit: int | None = None, top_k: int 
         parquet[mode] = out / f"prompts-{mode}.parquet"
         data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
     tokenizer: Any = AutoTokenizer.from_pretrained(str(prepare_policy_model()))
-    information = InformationFormat(tokenizer, tokens_per_query)
-    trajectories = data.sft_trajectories(supported, ("single", "multi"), information, top_k)
+    information = InformationFormat(tokenizer, blocks.tokens_per_query)
+    trajectories = data.sft_trajectories(supported, ("single", "multi"), information, blocks.top_k)
     sft = write_jsonl((t.to_record() for t in trajectories), out / "sft.jsonl")
     return Prepared(prompts, parquet, sft, len(records), len(trajectories))

@@ -54,7 +54,18 @@ class ModelSettings:
 
 
 @dataclasses.dataclass
-class SFTConfig(ModelSettings):
+class InformationSettings:
+    """The <information> blocks of SFT trajectories (``ragr1 train sft``, ``ragr1 data prepare``): both
+    must equal the policy's --top-k and --tokens-per-query, so that SFT shows the blocks the loop shows."""
+
+    top_k: int = setting(TOP_K, "passages per query in the <information> block (the policy's --top-k)")
+    tokens_per_query: int = setting(
+        TOKENS_PER_QUERY, "tokens of documents per query in the <information> block (the policy's value)"
+    )
+
+
+@dataclasses.dataclass
+class SFTConfig(InformationSettings, ModelSettings):
     # setting(..., factory=True) builds a default_factory field, which is what RUF009 asks for.
     train_files: list[str] = setting(
         lambda: ["hotpotqa"], "training sets (shipped names or JSONL paths) with supporting paragraphs", factory=True
@@ -64,11 +75,6 @@ class SFTConfig(ModelSettings):
         factory=True,
     )
     limit: int = setting(64, "questions per training set")
-    # Both must equal the policy's --top-k and --tokens-per-query: SFT shows the blocks the loop shows.
-    top_k: int = setting(TOP_K, "passages per query in the <information> block (the policy's --top-k)")
-    tokens_per_query: int = setting(
-        TOKENS_PER_QUERY, "tokens of documents per query in the <information> block (the policy's value)"
-    )
     lr: float = setting(1e-5, "learning rate")
     epochs: int = setting(1, "passes over the trajectories")
     batch_size: int = setting(8, "sequences per optimiser step")
