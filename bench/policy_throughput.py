@@ -37,7 +37,7 @@ from ragr1.agent import grammar  # noqa: E402
 from ragr1.agent.information import Passage  # noqa: E402
 from ragr1.agent.prompts import Mode  # noqa: E402
 from ragr1.data import read_jsonl, train_path  # noqa: E402
-from ragr1.models import prepare_policy_model  # noqa: E402
+from ragr1.models import policy_checkpoint  # noqa: E402
 from ragr1.services.policy.agent import (  # noqa: E402
     AgentLoop,
     Generation,
@@ -196,7 +196,7 @@ async def vllm_run(
 async def main(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    model = Path(args.model) if args.model else prepare_policy_model()
+    model = policy_checkpoint(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     rows = list(read_jsonl(train_path("hotpotqa"), limit=args.questions))
     tasks = [Task(r["id"], r["question"]) for r in rows]

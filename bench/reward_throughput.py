@@ -18,7 +18,6 @@ its generated tokens (the tokens outside <information>) at the vLLM rates measur
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ragr1.data import read_jsonl, train_path  # noqa: E402
+from ragr1.models import smollm2_dir  # noqa: E402
 from ragr1.services.common.process import ServiceProcess  # noqa: E402
 from ragr1.services.common.redis_server import free_port  # noqa: E402
 from ragr1.services.reward.answers import normalize_answer  # noqa: E402
@@ -77,7 +77,7 @@ def _trajectory(record: dict[str, Any], right: bool) -> reward_pb2.ScoreItem:
 
 def _count_tokens(texts: list[str]) -> list[int]:
     """SmolLM2's tokenizer when the prepared checkpoint is cached, else 4 characters a token."""
-    model = Path(os.environ.get("RAGR1_CACHE_DIR", ROOT / ".cache")) / "models" / "SmolLM2-135M-Instruct"
+    model = smollm2_dir()
     if (model / "tokenizer.json").exists():
         from transformers import AutoTokenizer
 

@@ -105,7 +105,7 @@ def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path, *
                  replicas: tuple[int, ...] = ()) -> ServiceSpec:
     """``replicas``: the policy ports the trainer pushes weights to (empty: ``p.policy``)."""
     args = [
-        "train", "ppo", "--model-dir", str(model), "--redis-url", p.redis_url(),
+        "train", "ppo", "--model", str(model), "--redis-url", p.redis_url(),
         "--policy-replicas", ",".join(f"{HOST}:{port}" for port in replicas or (p.policy,)),
         "--output-dir", str(output_dir),
         "--threads", str(trainer_threads(config)), *extra,

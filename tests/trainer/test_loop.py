@@ -321,7 +321,7 @@ def _trainer_command(redis_url: str, model_dir: Path, out: Path, prompts: Path) 
         "ppo",
         "--redis-url",
         redis_url,
-        "--model-dir",
+        "--model",
         str(model_dir),
         "--output-dir",
         str(out),

@@ -27,7 +27,7 @@ def _check_at_least(settings: object, bounds: tuple[tuple[str, int], ...]) -> No
 
 @dataclasses.dataclass
 class ModelSettings:
-    model_dir: str = setting("", "starting checkpoint (Hugging Face dir); empty = SmolLM2-135M-Instruct")
+    model: str = setting("", "starting checkpoint (Hugging Face dir); empty: SmolLM2-135M-Instruct from its package")
     lora_rank: int = setting(0, "LoRA rank; 0 trains every weight")
     lora_alpha: int = setting(32, "LoRA alpha (scale = alpha / rank)")
     bf16: bool = setting(True, "bfloat16 autocast (about 1.2x training, 1.8x forward on AVX-512 BF16 CPUs)")
