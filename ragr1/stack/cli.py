@@ -92,7 +92,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from ragr1.stack.prepare import prepare
 
     sources = [s for s in args.train_files.split(",") if s]
-    done = prepare(sources, Path(args.out), from_args(InformationSettings, args), args.limit)
+    done = prepare(sources, Path(args.out), from_args(InformationSettings, args), args.model, args.limit)
     print(f"{done.questions} questions -> {done.prompts}, {done.parquet['single']}, {done.parquet['multi']}")
     print(f"{done.trajectories} SFT trajectories (single and multi-query) -> {done.sft}")
     return 0
@@ -135,5 +135,7 @@ def register(commands: Any, serve: Any) -> None:
                       help="shipped sets and/or JSONL files with question, golden_answers, paragraphs")
     prep.add_argument("--out", default="runs/data", help="output folder")
     prep.add_argument("--limit", type=int, default=None, help="first N questions of each file")
+    prep.add_argument("--model", default="", help="the policy's --model, whose tokenizer cuts the information blocks; "
+                                                  "empty: SmolLM2-135M-Instruct from its package")
     add_arguments(prep, InformationSettings)
     prep.set_defaults(run=_prepare)

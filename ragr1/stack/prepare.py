@@ -29,16 +29,18 @@ class Prepared:
     trajectories: int
 
 
-def prepare(sources: list[str], out: Path, blocks: InformationSettings, limit: int | None = None) -> Prepared:
-    """The information blocks of the trajectories are cut per query with the served model's tokenizer,
-    as the policy cuts them."""
+def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: str = "",
+            limit: int | None = None) -> Prepared:
+    """The information blocks of the trajectories are cut per query with the tokenizer of ``model`` (the
+    policy's ``--model``), as the policy cuts them."""
     from transformers import AutoTokenizer
 
     from ragr1.agent.information import InformationFormat
-    from ragr1.models import prepare_policy_model
+    from ragr1.models import policy_checkpoint
     from ragr1.services.trainer import data
 
     paths = [train_source(s) for s in sources]  # every file is found before anything is written
+    checkpoint = policy_checkpoint(model)
     supported = [q for p in paths for q in data.load_supported_questions(p, limit)]
     records = []
     for path in paths:
@@ -51,7 +53,7 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, limit: i
     for mode in ("single", "multi"):
         parquet[mode] = out / f"prompts-{mode}.parquet"
         data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(prepare_policy_model()))
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))
     information = InformationFormat(tokenizer, blocks.tokens_per_query)
     trajectories = data.sft_trajectories(supported, ("single", "multi"), information, blocks.top_k)
     sft = write_jsonl((t.to_record() for t in trajectories), out / "sft.jsonl")

@@ -16,11 +16,12 @@ from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.prepare import prepare
 
 
-def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, tokenizer: Any) -> None:
-    # Through the command line: its --top-k and --tokens-per-query must reach the trajectories.
+def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, policy_model_dir: Path, tokenizer: Any) -> None:
+    # Through the command line: its --top-k, --tokens-per-query and --model must reach the trajectories.
     blocks = InformationSettings(top_k=2, tokens_per_query=100)
     assert main(["data", "prepare", "--train-files", "hotpotqa,popqa", "--out", str(tmp_path), "--limit", "2",
-                 "--top-k", str(blocks.top_k), "--tokens-per-query", str(blocks.tokens_per_query)]) == 0
+                 "--top-k", str(blocks.top_k), "--tokens-per-query", str(blocks.tokens_per_query),
+                 "--model", str(policy_model_dir)]) == 0
     prompts, sft = tmp_path / "prompts.jsonl", tmp_path / "sft.jsonl"
     for mode in ("single", "multi"):
         from_jsonl = data.load_tasks(prompts, mode)
@@ -44,7 +45,7 @@ def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, tokenizer: A
     assert data.is_trajectory_file(sft) and not data.is_trajectory_file(prompts)
 
 
-def test_a_bad_record_names_its_file_line_and_field(tmp_path: Path) -> None:
+def test_a_bad_record_or_model_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     broken = tmp_path / "mine.jsonl"
     broken.write_text(json.dumps({"question": "Who?", "golden_answers": ["x"]}) + "\n")
     with pytest.raises(ValueError, match=r"mine.jsonl:1: .*paragraphs"):
@@ -52,3 +53,6 @@ def test_a_bad_record_names_its_file_line_and_field(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         prepare([str(tmp_path / "nope.jsonl")], tmp_path / "out", InformationSettings())
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        prepare(["hotpotqa"], tmp_path / "out", InformationSettings(), model=str(tmp_path))
+    assert not (tmp_path / "out").exists()
