@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ragr1.data import read_jsonl, train_source
+from ragr1.data import read_jsonl, record_source, train_source
 from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.questions import write_jsonl
 
@@ -46,7 +46,7 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
     for path in paths:
         for record in read_jsonl(path, limit):
             records.append({k: record[k] for k in QA_FIELDS if k in record}
-                           | {"data_source": record.get("data_source") or record.get("dataset") or path.stem})
+                           | {"data_source": record_source(record, path)})
     out.mkdir(parents=True, exist_ok=True)
     prompts = write_jsonl(records, out / "prompts.jsonl")
     parquet = {}
