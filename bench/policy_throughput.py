@@ -5,7 +5,7 @@ turn) on the same HotpotQA questions with the same sampling settings, in one run
 
 1. ``transformers``: batched ``model.generate`` (left padding, the same stop strings), the baseline;
 2. vLLM out of the box (``enforce_eager``; vLLM keeps one of the two cores for itself);
-3. vLLM tuned as ENVIRONMENT.md found: both cores for compute (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``,
+3. vLLM tuned: both cores for compute (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``,
    ``VLLM_CPU_OMP_THREADS_BIND``), Intel OpenMP preloaded; with ``--compile`` also torch.compile
    (two minutes more to load, faster decoding).
 
@@ -149,7 +149,7 @@ class Run:
 
 
 def tune_environment() -> None:
-    """ENVIRONMENT.md's tuned settings; read by vLLM's engine process when it starts."""
+    """The tuned settings (3. above); vLLM's engine process reads them when it starts."""
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 2) - 1}"
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
