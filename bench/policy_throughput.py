@@ -5,7 +5,7 @@ turn) on the same HotpotQA questions with the same sampling settings, in one run
 
 1. ``transformers``: batched ``model.generate`` (left padding, the same stop strings), the baseline;
 2. vLLM out of the box (``enforce_eager``; vLLM keeps one of the two cores for itself);
-3. vLLM tuned as ENVIRONMENT.md found: both cores for compute (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``,
+3. vLLM tuned: both cores for compute (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``,
    ``VLLM_CPU_OMP_THREADS_BIND``), Intel OpenMP preloaded; with ``--compile`` also torch.compile
    (two minutes more to load, faster decoding).
 
@@ -37,7 +37,7 @@ from ragr1.agent import grammar  # noqa: E402
 from ragr1.agent.information import Passage  # noqa: E402
 from ragr1.agent.prompts import Mode  # noqa: E402
 from ragr1.data import read_jsonl, train_path  # noqa: E402
-from ragr1.models import prepare_policy_model  # noqa: E402
+from ragr1.models import policy_checkpoint  # noqa: E402
 from ragr1.services.policy.agent import (  # noqa: E402
     AgentLoop,
     Generation,
@@ -149,7 +149,7 @@ class Run:
 
 
 def tune_environment() -> None:
-    """ENVIRONMENT.md's tuned settings; read by vLLM's engine process when it starts."""
+    """The tuned settings (3. above); vLLM's engine process reads them when it starts."""
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 2) - 1}"
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
@@ -196,7 +196,7 @@ async def vllm_run(
 async def main(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    model = Path(args.model) if args.model else prepare_policy_model()
+    model = policy_checkpoint(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     rows = list(read_jsonl(train_path("hotpotqa"), limit=args.questions))
     tasks = [Task(r["id"], r["question"]) for r in rows]

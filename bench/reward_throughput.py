@@ -9,8 +9,9 @@ question's real paragraphs, right answers for half, wrong ones for the rest), th
 3. through gRPC, one call per trajectory (the baseline: how the published code calls its services).
 
 The issue's target is scoring under 1% of the rollout time. The rollout time of the same batch is
-its generated tokens (the tokens outside <information>) at the vLLM rates measured on this machine
-(ENVIRONMENT.md: SmolLM2-135M, 107 tokens/s out of the box, 203 tuned).
+its generated tokens (the tokens outside <information>) at vLLM rates measured earlier for SmolLM2-135M
+on these CPUs (107 tokens/s out of the box, 203 tuned); the README's policy figures (40-64 tokens/s on
+shared cores) are lower, which only shrinks the reward's share.
 
     python bench/reward_throughput.py [--batch 256] [--repeats 5]
 """
@@ -18,7 +19,6 @@ its generated tokens (the tokens outside <information>) at the vLLM rates measur
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ragr1.data import read_jsonl, train_path  # noqa: E402
+from ragr1.models import smollm2_dir  # noqa: E402
 from ragr1.services.common.process import ServiceProcess  # noqa: E402
 from ragr1.services.common.redis_server import free_port  # noqa: E402
 from ragr1.services.reward.answers import normalize_answer  # noqa: E402
@@ -77,7 +78,7 @@ def _trajectory(record: dict[str, Any], right: bool) -> reward_pb2.ScoreItem:
 
 def _count_tokens(texts: list[str]) -> list[int]:
     """SmolLM2's tokenizer when the prepared checkpoint is cached, else 4 characters a token."""
-    model = Path(os.environ.get("RAGR1_CACHE_DIR", ROOT / ".cache")) / "models" / "SmolLM2-135M-Instruct"
+    model = smollm2_dir()
     if (model / "tokenizer.json").exists():
         from transformers import AutoTokenizer
 

@@ -48,7 +48,7 @@ VARIANTS = {  # name -> (bf16, lora rank)
 def sft_tokens_per_second(
     model_dir: Path, sequences: list[data.TokenSequence], bf16: bool, lora: int, steps: int
 ) -> float:
-    config = SFTConfig(model_dir=str(model_dir), bf16=bf16, lora_rank=lora, micro_batch_size=4, lr=1e-5)
+    config = SFTConfig(model=str(model_dir), bf16=bf16, lora_rank=lora, micro_batch_size=4, lr=1e-5)
     trainer = SFTTrainer(config, PolicyModel(model_dir, lora_rank=lora, bf16=bf16))
     trainer.step(sequences[:2])  # warm-up
     start = time.perf_counter()

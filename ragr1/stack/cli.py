@@ -98,7 +98,7 @@ def _eval(config: EvalConfig) -> int:
 def _prepare(config: PrepareConfig) -> int:
     from ragr1.stack.prepare import prepare
 
-    done = prepare(config.train_files, Path(config.out), config.limit, config.top_k, config.tokens_per_query)
+    done = prepare(config.train_files, Path(config.out), config, config.model, config.limit)
     print(f"{done.questions} questions -> {done.prompts}, {done.parquet['single']}, {done.parquet['multi']}")
     print(f"{done.trajectories} SFT trajectories (single and multi-query) -> {done.sft}")
     return 0

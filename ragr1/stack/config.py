@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.data import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.services.common import ports
 from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.policy.agent import LoopConfig
+from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.evaluate import parse_modes
 from ragr1.stack.supervisor import RestartPolicy
 
@@ -95,8 +95,8 @@ class EvalConfig(Validated):
 
 
 @dataclasses.dataclass
-class PrepareConfig(Validated):
-    """``ragr1 data prepare``."""
+class PrepareConfig(InformationSettings):
+    """``ragr1 data prepare``: the information blocks as ``train sft`` and the policy cut them."""
 
     train_files: list[str] = setting(
         lambda: list(TRAIN_SETS),
@@ -105,13 +105,12 @@ class PrepareConfig(Validated):
     )
     out: str = setting("runs/data", "output folder")
     limit: int | None = setting(None, "first N questions of each file")
-    top_k: int = setting(TOP_K, "passages per query in the SFT information blocks")
-    tokens_per_query: int = setting(
-        TOKENS_PER_QUERY, "tokens of documents per query in the information blocks (the policy's value)"
+    model: str = setting(
+        "", "the policy's --model, whose tokenizer cuts the information blocks; empty: SmolLM2-135M-Instruct"
     )
 
     def validate(self) -> None:
         super().validate()
         if not self.train_files:
             raise ValueError("train_files is empty: name a shipped set or a JSONL file")
-        check_at_least(self, (("top_k", 1), ("tokens_per_query", 1), ("limit", 1)))
+        check_at_least(self, (("limit", 1),))

@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
+from ragr1.models import policy_checkpoint
 from ragr1.services.common.config import check_at_least, check_choice, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
@@ -40,7 +41,7 @@ from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import evaluate, plan, report, stats
 from ragr1.stack.config import StackConfig
-from ragr1.stack.local import policy_model, run_dir, start_stack
+from ragr1.stack.local import run_dir, start_stack
 from ragr1.stack.questions import SOURCES, Split, split_questions, write_jsonl
 from ragr1.stack.supervisor import StackError, Supervisor
 from ragr1.v1 import common_pb2
@@ -157,7 +158,7 @@ class Demo:
 
     def start(self) -> Supervisor:
         c = self.config
-        self.model = policy_model(c)
+        self.model = policy_checkpoint(c.model)
         split = self.questions()
         trainer = plan.trainer_spec(c, self.ports, self.model, self.directory)  # its ports checked up front
         return start_stack(c, self.directory, reserved=[trainer], model=self.model,
@@ -201,10 +202,10 @@ class Demo:
         out = self.directory / "sft"
         log = self.directory / "logs" / "sft.log"
         args = [
-            sys.executable, "-m", "ragr1", "train", "sft", "--model-dir", str(self.model),
+            sys.executable, "-m", "ragr1", "train", "sft", "--model", str(self.model),
             "--train-files", str(self.train_file), "--limit", "0", "--modes", "single,multi",
             "--epochs", str(c.sft_epochs), "--lr", str(c.sft_lr), "--micro-batch-size", str(c.sft_micro_batch),
-            "--top-k", "3", "--tokens-per-query", str(c.tokens_per_query), "--output-dir", str(out),
+            "--tokens-per-query", str(c.tokens_per_query), "--output-dir", str(out),
         ]
         print(f"SFT (format learning) on {self.train_file.name}; log {log}", flush=True)
         with open(log, "ab") as handle:

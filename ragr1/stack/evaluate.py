@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.data import EVAL_BENCHMARKS, eval_path, read_jsonl
+from ragr1.data import EVAL_BENCHMARKS, eval_path, read_jsonl, record_source
 from ragr1.stack.stats import Estimate, bootstrap
 from ragr1.v1 import common_pb2
 
@@ -70,7 +70,7 @@ def load_questions(source: str | Path, limit: int | None = None) -> list[Questio
             id=str(record.get("id", f"{name}-{lineno}")),
             question=question,
             golden_answers=answers,
-            data_source=str(record.get("data_source") or record.get("dataset") or name),
+            data_source=record_source(record, path),
             supporting_titles=list(record.get("supporting_titles") or []),
         ))
     return out

@@ -9,30 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ragr1.data import ROOT
-from ragr1.models import prepare_policy_model
+from ragr1.models import policy_checkpoint
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig, UpConfig
 from ragr1.stack.index import ensure_index
-from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, StackError, Supervisor
+from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
 
 
 def run_dir(config: StackConfig) -> Path:
     path = Path(config.run_dir) if config.run_dir else ROOT / "runs" / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
-
-
-def policy_model(config: StackConfig) -> Path:
-    """The checkpoint to serve; a missing one stops the command before anything starts."""
-    if config.model:
-        model = Path(config.model)
-        if not (model / "config.json").exists():
-            raise StackError(f"--model {model}: no config.json there; give a Hugging Face checkpoint directory")
-        return model.resolve()
-    try:
-        return prepare_policy_model()
-    except FileNotFoundError as exc:
-        raise StackError(f"{exc}. Fix: run `make demo` once (it installs it) or pass --model DIR") from exc
 
 
 def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[ServiceSpec] = (),
@@ -43,7 +30,7 @@ def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[Service
     starts the services (``extra`` after the core ones) and waits for their health. ``auth``: see
     ``Supervisor``."""
     ports = plan.Ports.of(config)
-    model = model or policy_model(config)
+    model = model or policy_checkpoint(config.model)
 
     # Specs first with a placeholder index path, so that ports are checked before minutes of indexing.
     def specs(index_dir: Path) -> list[ServiceSpec]:
@@ -90,7 +77,7 @@ def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_sec
 def up(config: UpConfig) -> int:
     directory = run_dir(config)
     ports = plan.Ports.of(config)
-    model = policy_model(config)
+    model = policy_checkpoint(config.model)
     trainers = []
     if config.trainer:
         trainers.append(plan.trainer_spec(config, ports, model, directory / "checkpoints", "--max-updates", "0"))

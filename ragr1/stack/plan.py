@@ -109,7 +109,7 @@ def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path, *
                  replicas: tuple[int, ...] = ()) -> ServiceSpec:
     """``replicas``: the policy ports the trainer pushes weights to (empty: ``p.policy``)."""
     settings = {
-        "model_dir": str(model), "redis_url": p.redis_url(),
+        "model": str(model), "redis_url": p.redis_url(),
         "policy_replicas": [f"{HOST}:{port}" for port in replicas or (p.policy,)],
         "output_dir": str(output_dir), "threads": trainer_threads(config),
     }

@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
-from ragr1.data import read_jsonl, train_source
+from ragr1.data import read_jsonl, record_source, train_source
+from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.questions import write_jsonl
 
 QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source")
@@ -29,31 +29,32 @@ class Prepared:
     trajectories: int
 
 
-def prepare(sources: list[str], out: Path, limit: int | None = None, top_k: int = TOP_K,
-            tokens_per_query: int = TOKENS_PER_QUERY) -> Prepared:
-    """The information blocks of the trajectories are cut per query with the served model's tokenizer,
-    as the policy cuts them."""
+def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: str = "",
+            limit: int | None = None) -> Prepared:
+    """The information blocks of the trajectories are cut per query with the tokenizer of ``model`` (the
+    policy's ``--model``), as the policy cuts them."""
     from transformers import AutoTokenizer
 
     from ragr1.agent.information import InformationFormat
-    from ragr1.models import prepare_policy_model
+    from ragr1.models import policy_checkpoint
     from ragr1.services.trainer import data
 
     paths = [train_source(s) for s in sources]  # every file is found before anything is written
+    checkpoint = policy_checkpoint(model)
     supported = [q for p in paths for q in data.load_supported_questions(p, limit)]
     records = []
     for path in paths:
         for record in read_jsonl(path, limit):
             records.append({k: record[k] for k in QA_FIELDS if k in record}
-                           | {"data_source": record.get("data_source") or record.get("dataset") or path.stem})
+                           | {"data_source": record_source(record, path)})
     out.mkdir(parents=True, exist_ok=True)
     prompts = write_jsonl(records, out / "prompts.jsonl")
     parquet = {}
     for mode in ("single", "multi"):
         parquet[mode] = out / f"prompts-{mode}.parquet"
         data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(prepare_policy_model()))
-    information = InformationFormat(tokenizer, tokens_per_query)
-    trajectories = data.sft_trajectories(supported, ("single", "multi"), information, top_k)
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))
+    information = InformationFormat(tokenizer, blocks.tokens_per_query)
+    trajectories = data.sft_trajectories(supported, ("single", "multi"), information, blocks.top_k)
     sft = write_jsonl((t.to_record() for t in trajectories), out / "sft.jsonl")
     return Prepared(prompts, parquet, sft, len(records), len(trajectories))

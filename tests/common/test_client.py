@@ -11,16 +11,22 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ragr1.services.common.client import ChannelOptions, HealthClient, service_name
+from ragr1.services.common.client import AsyncClient, ChannelOptions, HealthClient, service_name
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.retriever.client import AsyncShardClient, RetrieverClient
 from ragr1.services.reward.client import RewardClient
-from ragr1.services.trainer.client import AsyncTrainerClient, TrainerClient
-from ragr1.v1 import retriever_pb2_grpc, trainer_pb2
+from ragr1.services.trainer.client import TrainerClient
+from ragr1.v1 import retriever_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.common.status_process import start_server
 
 TOKEN = "attached-once"
 SLOW = (("x-delay", "3"),)  # the test server's Status sleeps this long
+
+
+class AsyncStatusClient(AsyncClient[trainer_pb2_grpc.TrainerStub]):
+    """The async base on the test server's service (ragr1 itself calls Trainer.Status only synchronously)."""
+
+    stub_type = trainer_pb2_grpc.TrainerStub
 
 
 def test_service_names_come_from_the_stubs_descriptors() -> None:
@@ -56,8 +62,8 @@ def test_token_and_deadline_are_attached_once_sync_and_async(tmp_path: Path, por
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
         async def scenario() -> tuple[int, grpc.StatusCode, bool]:
-            async with AsyncTrainerClient(target, options, timeout=0.5) as aclient:
-                step = (await aclient.status()).step
+            async with AsyncStatusClient(target, options, timeout=0.5) as aclient:
+                step = (await aclient.stub.Status(trainer_pb2.StatusRequest())).step
                 try:
                     await aclient.stub.Status(trainer_pb2.StatusRequest(), metadata=SLOW)
                     code = grpc.StatusCode.OK

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from ragr1.services.common import ports
+from ragr1.services.policy.agent import MAX_MODEL_LEN
 from tests.deploy.charts import EVERYTHING_ON, NAMESPACE, Render, arg, container, env, index_job, render
 from tests.deploy.conftest import CHART, DASHBOARDS, ragr1_invocations
 
@@ -82,6 +83,13 @@ def test_chart_ports_are_the_ports_module() -> None:
         "retrieverShard": ports.RETRIEVER_SHARD, "retrieverHttp": ports.RETRIEVER_HTTP,
         "metricsOffset": ports.METRICS_OFFSET,
     }
+
+
+def test_chart_serves_and_trains_the_policys_default_model_at_its_context_length() -> None:
+    values = {name: yaml.safe_load((CHART / name).read_text()) for name in ("values.yaml", "values-cpu.yaml")}
+    # Empty: SmolLM2 from the image for both (models.policy_checkpoint), so the trainer pushes what the policy serves.
+    assert values["values.yaml"]["policy"]["model"] == values["values.yaml"]["trainer"]["model"] == ""
+    assert {name: v["policy"]["maxModelLen"] for name, v in values.items()} == dict.fromkeys(values, MAX_MODEL_LEN)
 
 
 def test_servers_listen_probe_and_expose_metrics_on_the_same_ports(chart: helm_python.Chart) -> None:
@@ -195,7 +203,7 @@ def test_ray_trainer_is_a_rayjob_with_gpu_workers(chart: helm_python.Chart) -> N
     job = objects[("RayJob", "ragr1-trainer")]
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[:3] == ["ragr1", "train", "ppo"] and argv[-2:] == ["--num-workers", "6"]
-    assert arg(argv, "--model-dir") == "" and arg(argv, "--output-dir") == "/checkpoints"
+    assert arg(argv, "--model") == "" and arg(argv, "--output-dir") == "/checkpoints"
     workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     assert workers["replicas"] == 3
     assert gpus(workers["template"]["spec"]["containers"][0]) == (2, 2)

@@ -49,6 +49,7 @@ import grpc
 import redis
 
 from ragr1.data import ROOT
+from ragr1.models import policy_checkpoint
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
@@ -57,7 +58,7 @@ from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
 from ragr1.stack.index import ensure_index
-from ragr1.stack.local import policy_model, run_dir
+from ragr1.stack.local import run_dir
 from ragr1.stack.questions import split_questions, write_jsonl
 from ragr1.stack.supervisor import RestartPolicy, Supervisor
 
@@ -256,7 +257,7 @@ def prompts_file(directory: Path) -> tuple[Path, int]:
 
 def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Path, int]:
     ports = plan.Ports.of(config)
-    model = policy_model(config)
+    model = policy_checkpoint(config.model)
     prompts, templates = prompts_file(directory)
     index = ensure_index(0, config.shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -9,13 +10,17 @@ from ragr1.services.common import ports
 from ragr1.services.common.config import load
 from ragr1.services.policy.agent import LoopConfig
 from ragr1.services.policy.config import PolicyConfig
+from ragr1.services.policy.engine import EngineSettings
+from ragr1.services.policy.runtime import Limits
 from ragr1.services.policy.weights import InFlight
 
 
-def test_defaults_come_from_the_loop_and_ports() -> None:
+def test_defaults_come_from_the_loop_engine_limits_and_ports() -> None:
     config = PolicyConfig()
     assert config.port == ports.POLICY
     assert config.loop_config() == LoopConfig()
+    assert config.engine_settings(Path("model")) == EngineSettings(Path("model"))
+    assert Limits(config.max_batch, config.max_question_chars) == Limits()
     assert config.in_flight_policy() is InFlight.FINISH
 
 

@@ -335,7 +335,7 @@ def run_trainer(policy: PolicyServer, redis_server: RedisServer, model_dir: Path
                 client_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`ragr1 train ppo` as a process, its credentials from the environment as in a deployment."""
     args = ["train", "ppo", "--port", "0", "--metrics-port", "0", "--redis-url", redis_server.url,
-            "--policy-replicas", policy.process.target, "--output-dir", str(out), "--model-dir", str(model_dir),
+            "--policy-replicas", policy.process.target, "--output-dir", str(out), "--model", str(model_dir),
             "--start-version", str(start_version), "--max-updates", "1", "--lora-rank", "16",
             "--prompt-limit", "4", "--group", "pushing-trainer", "--consumer", "pushing-trainer-0"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGR1_CLIENT_")}

@@ -8,38 +8,51 @@ from typing import Any
 
 import pytest
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat
+from ragr1.agent.information import InformationFormat
+from ragr1.cli import main
 from ragr1.data import train_path
 from ragr1.services.trainer import data
+from ragr1.services.trainer.config import InformationSettings
 from ragr1.stack.prepare import prepare
 
 
-def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, tokenizer: Any) -> None:
-    done = prepare(["hotpotqa", "popqa"], tmp_path, limit=2)
-    assert done.questions == 4 and done.trajectories == 8
+def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, policy_model_dir: Path, tokenizer: Any) -> None:
+    # Through the command line: its --top-k, --tokens-per-query and --model must reach the trajectories.
+    blocks = InformationSettings(top_k=2, tokens_per_query=100)
+    assert main(["data", "prepare", "--train-files", "hotpotqa,popqa", "--out", str(tmp_path), "--limit", "2",
+                 "--top-k", str(blocks.top_k), "--tokens-per-query", str(blocks.tokens_per_query),
+                 "--model", str(policy_model_dir)]) == 0
+    prompts, sft = tmp_path / "prompts.jsonl", tmp_path / "sft.jsonl"
     for mode in ("single", "multi"):
-        from_jsonl = data.load_tasks(done.prompts, mode)
-        from_parquet = data.load_tasks(done.parquet[mode], mode)
+        from_jsonl = data.load_tasks(prompts, mode)
+        from_parquet = data.load_tasks(tmp_path / f"prompts-{mode}.parquet", mode)
+        assert len(from_jsonl) == 4
         assert [(t.question, list(t.golden_answers)) for t in from_parquet] == [
             (t.question, list(t.golden_answers)) for t in from_jsonl
         ]
         assert {t.data_source for t in from_jsonl} == {"hotpotqa", "popqa"}
 
     items = [q for name in ("hotpotqa", "popqa") for q in data.load_supported_questions(train_path(name), 2)]
-    information = InformationFormat(tokenizer, TOKENS_PER_QUERY)
-    built = data.tokenize_trajectories(tokenizer, data.sft_trajectories(items, ("single", "multi"), information, TOP_K))
-    loaded = data.tokenize_trajectories(tokenizer, data.load_trajectories(done.sft))
+    information = InformationFormat(tokenizer, blocks.tokens_per_query)
+    built = data.tokenize_trajectories(
+        tokenizer, data.sft_trajectories(items, ("single", "multi"), information, blocks.top_k)
+    )
+    loaded = data.tokenize_trajectories(tokenizer, data.load_trajectories(sft))
+    assert len(loaded) == 8
     assert [(s.prompt_ids, s.response_ids, s.loss_mask) for s in loaded] == [
         (s.prompt_ids, s.response_ids, s.loss_mask) for s in built
     ]
-    assert data.is_trajectory_file(done.sft) and not data.is_trajectory_file(done.prompts)
+    assert data.is_trajectory_file(sft) and not data.is_trajectory_file(prompts)
 
 
-def test_a_bad_record_names_its_file_line_and_field(tmp_path: Path) -> None:
+def test_a_bad_record_or_model_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     broken = tmp_path / "mine.jsonl"
     broken.write_text(json.dumps({"question": "Who?", "golden_answers": ["x"]}) + "\n")
     with pytest.raises(ValueError, match=r"mine.jsonl:1: .*paragraphs"):
-        prepare([str(broken)], tmp_path / "out")
+        prepare([str(broken)], tmp_path / "out", InformationSettings())
     assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
-        prepare([str(tmp_path / "nope.jsonl")], tmp_path / "out")
+        prepare([str(tmp_path / "nope.jsonl")], tmp_path / "out", InformationSettings())
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        prepare(["hotpotqa"], tmp_path / "out", InformationSettings(), model=str(tmp_path))
+    assert not (tmp_path / "out").exists()

@@ -122,7 +122,7 @@ def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir: Path, tmp_path: P
     from ragr1.services.trainer.sft import SFTTrainer
 
     config = SFTConfig(
-        model_dir=str(tiny_model_dir),
+        model=str(tiny_model_dir),
         output_dir=str(tmp_path),
         limit=1,
         top_k=1,

@@ -312,7 +312,7 @@ def test_each_update_deletes_the_entries_every_group_is_done_with(
 def _trainer_command(redis_url: str, model_dir: Path, out: Path, prompts: Path) -> list[str]:
     return train_ppo(
         "--redis-url", redis_url,
-        "--model-dir", str(model_dir),
+        "--model", str(model_dir),
         "--output-dir", str(out),
         "--prompts-file", str(prompts),
         "--port", "0",

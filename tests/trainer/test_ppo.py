@@ -120,15 +120,15 @@ def test_gradients_on_masked_information_tokens_are_exactly_zero_in_every_term()
     values = torch.randn(batch, length, requires_grad=True)
     tokens = torch.randint(0, vocab, (batch, length))
     mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 0, 0, 1, 1, 0]], dtype=torch.float32)
+    temperature = torch.full((batch * length,), 0.7)
+    logprobs, entropy = ppo.tempered_logprobs_and_entropy(logits.flatten(0, 1), tokens.flatten(), temperature)
     with torch.no_grad():
-        old = ppo.token_logprobs(logits, tokens) + 0.1 * torch.randn(batch, length)
+        old = logprobs.view(batch, length) + 0.1 * torch.randn(batch, length)
         ref = old - 0.2
         behaviour = old + 0.3
     kl = ppo.kl_penalty(old, ref) * mask
     rewards = ppo.token_rewards(torch.tensor([1.0, -1.0]), mask, kl, 0.001)
     adv, ret = ppo.gae(rewards, values.detach(), mask)
-    temperature = torch.full((batch * length,), 0.7)
-    logprobs, entropy = ppo.tempered_logprobs_and_entropy(logits.flatten(0, 1), tokens.flatten(), temperature)
     for kl_kind in ("k1", "k3"):
         logits.grad = values.grad = None
         actor, stats = ppo.actor_loss(

@@ -15,11 +15,11 @@ import redis
 
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.common.server import GrpcServer, ServerConfig
-from ragr1.services.trainer.client import AsyncTrainerClient, TrainerClient
+from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.loop import PPOLoop, Status
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
-from ragr1.v1 import policy_pb2, policy_pb2_grpc, trainer_pb2_grpc
+from ragr1.v1 import policy_pb2, policy_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.trainer.rollouts import make_loop, make_rollout, produce
 
 
@@ -89,31 +89,23 @@ def test_status_reports_the_loop_state_over_grpc() -> None:
         checkpoint_path="/ck/v000003",
     )
 
-    async def scenario() -> None:
+    def ask(port: int) -> trainer_pb2.StatusResponse:
+        with TrainerClient(f"127.0.0.1:{port}") as client:
+            assert client.health()
+            return client.status(timeout=5)
+
+    async def scenario() -> trainer_pb2.StatusResponse:
         server = GrpcServer(ServerConfig(port=0, metrics_port=0), "trainer")
         server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status))
         await server.start()
         try:
-            client = AsyncTrainerClient(f"127.0.0.1:{server.port}")
-            assert await client.health()
-            reply = await client.status(timeout=5)
-            await client.close()
-            sync = await asyncio.to_thread(
-                lambda: TrainerClient(f"127.0.0.1:{server.port}").status(timeout=5)
-            )
+            return await asyncio.to_thread(ask, server.port)
         finally:
             await server.stop()
-        for r in (reply, sync):
-            assert (r.stage, r.step, r.policy_version, r.rollouts_trained, r.rollouts_dropped_stale) == (
-                "ppo",
-                3,
-                3,
-                48,
-                2,
-            )
-            assert r.last_mean_reward == 0.25 and r.checkpoint_path == "/ck/v000003"
 
-    asyncio.run(scenario())
+    r = asyncio.run(scenario())
+    assert (r.stage, r.step, r.policy_version, r.rollouts_trained, r.rollouts_dropped_stale) == ("ppo", 3, 3, 48, 2)
+    assert r.last_mean_reward == 0.25 and r.checkpoint_path == "/ck/v000003"
 
 
 def test_each_update_is_published_to_every_replica_and_a_dead_one_does_not_stop_training(

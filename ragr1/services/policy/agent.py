@@ -96,6 +96,9 @@ QUERY_OVERHEAD_TOKENS = 48
 BLOCK_OVERHEAD_TOKENS = 16
 # What the context check assumes for the prompt (RAG-R1's instructions and a question: ~250 tokens).
 PROMPT_TOKENS = 320
+# Prompt plus response: the context length of the model served by default (SmolLM2-135M: 8,192); the loop's
+# cut and the engine's size must be the same number.
+MAX_MODEL_LEN = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +113,7 @@ class LoopConfig:
     top_k: int = TOP_K
     # Tokens of documents per query in an <information> block (RAG-R1's max_obs_length, per query).
     tokens_per_query: int = TOKENS_PER_QUERY
-    # Prompt plus response; the served model's context length (SmolLM2-135M: 8,192).
-    max_model_len: int = 8192
+    max_model_len: int = MAX_MODEL_LEN
     max_query_chars: int = 512
     retrieval_timeout_seconds: float = 30.0
 

@@ -12,11 +12,13 @@ from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, Sampling
 from ragr1.services.policy.engine import EngineSettings
+from ragr1.services.policy.runtime import Limits
 from ragr1.services.policy.weights import InFlight
 
 _LOOP = LoopConfig()
 _ENGINE = EngineSettings(model=Path())
 _SAMPLING = Sampling()
+_LIMITS = Limits()
 
 
 @dataclasses.dataclass
@@ -57,8 +59,8 @@ class PolicyConfig(ServerConfig, QueueConfig):
     temperature: float = setting(_SAMPLING.temperature, "sampling temperature; 0 is greedy")
     top_p: float = setting(_SAMPLING.top_p, "nucleus mass")
     max_tokens_per_turn: int = setting(_SAMPLING.max_tokens, "new tokens per generation turn")
-    max_batch: int = setting(64, "most tasks or prompts per request")
-    max_question_chars: int = setting(4096, "longest question accepted")
+    max_batch: int = setting(_LIMITS.max_batch, "most tasks or prompts per request")
+    max_question_chars: int = setting(_LIMITS.max_question_chars, "longest question accepted")
     # Dependencies.
     retriever_address: str = setting(f"127.0.0.1:{ports.RETRIEVER}", "Retriever (router) gRPC address")
     reward_address: str = setting("", "Reward gRPC address; empty: the Rollout RPC returns unscored rollouts")

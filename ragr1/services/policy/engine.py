@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.services.policy.agent import Generation, GenerationRequest, Sampling
+from ragr1.services.policy.agent import MAX_MODEL_LEN, Generation, GenerationRequest, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class EngineSettings:
     model: Path
     dtype: str = "float32"
-    max_model_len: int = 2048
+    max_model_len: int = MAX_MODEL_LEN
     # Skip torch.compile and CUDA graphs: 30 s to load instead of minutes, fewer tokens/s.
     enforce_eager: bool = True
     tensor_parallel_size: int = 1

@@ -6,10 +6,10 @@ import asyncio
 import logging
 import os
 import socket
-from pathlib import Path
 from typing import Protocol, cast
 
 from ragr1.agent.prompts import Tokenizer
+from ragr1.models import policy_checkpoint
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.backends import RetrieverSearch, RewardScorer
@@ -21,17 +21,6 @@ from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-def model_dir(config: PolicyConfig) -> Path:
-    if config.model:
-        path = Path(config.model)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model {path} is not a checkpoint directory (no config.json)")
-        return path
-    from ragr1.models import prepare_policy_model
-
-    return prepare_policy_model()
 
 
 class Checked(Protocol):
@@ -92,7 +81,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
     that serves."""
     from transformers import AutoTokenizer
 
-    path = model_dir(config)
+    path = policy_checkpoint(config.model)
     tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(str(path)))
     engine = VllmEngine.start(config.engine_settings(path))
     search = RetrieverSearch(

@@ -31,7 +31,7 @@ def version_dir(root: Path, version: int) -> Path:
 
 
 def policy_dir(version_path: Path) -> Path:
-    """The part of a version the policy loads (``Policy.UpdateWeights``, ``--model-dir``)."""
+    """The part of a version the policy loads (``Policy.UpdateWeights``, ``--model``)."""
     return Path(version_path) / POLICY
 
 

@@ -21,7 +21,7 @@ SHARDINGS = ("fsdp", "replicate")
 
 @dataclasses.dataclass
 class ModelSettings(Validated):
-    model_dir: str = setting("", "starting checkpoint (Hugging Face dir); empty = SmolLM2-135M-Instruct")
+    model: str = setting("", "starting checkpoint (Hugging Face dir); empty: SmolLM2-135M-Instruct from its package")
     lora_rank: int = setting(0, "LoRA rank; 0 trains every weight")
     lora_alpha: int = setting(32, "LoRA alpha (scale = alpha / rank)")
     bf16: bool = setting(True, "bfloat16 autocast (about 1.2x training, 1.8x forward on AVX-512 BF16 CPUs)")
@@ -47,7 +47,22 @@ class ModelSettings(Validated):
 
 
 @dataclasses.dataclass
-class SFTConfig(ModelSettings):
+class InformationSettings(Validated):
+    """The <information> blocks of SFT trajectories (``ragr1 train sft``, ``ragr1 data prepare``): both
+    must equal the policy's --top-k and --tokens-per-query, so that SFT shows the blocks the loop shows."""
+
+    top_k: int = setting(TOP_K, "passages per query in the <information> block (the policy's --top-k)")
+    tokens_per_query: int = setting(
+        TOKENS_PER_QUERY, "tokens of documents per query in the <information> block (the policy's value)"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("top_k", 1), ("tokens_per_query", 1)))
+
+
+@dataclasses.dataclass
+class SFTConfig(InformationSettings, ModelSettings):
     # setting(..., factory=True) builds a default_factory field, which is what RUF009 asks for.
     train_files: list[str] = setting(
         lambda: ["hotpotqa"], "training sets (shipped names or JSONL paths) with supporting paragraphs", factory=True
@@ -57,11 +72,6 @@ class SFTConfig(ModelSettings):
         factory=True,
     )
     limit: int = setting(64, "questions per training set")
-    # Both must equal the policy's --top-k and --tokens-per-query: SFT shows the blocks the loop shows.
-    top_k: int = setting(TOP_K, "passages per query in the <information> block (the policy's --top-k)")
-    tokens_per_query: int = setting(
-        TOKENS_PER_QUERY, "tokens of documents per query in the <information> block (the policy's value)"
-    )
     lr: float = setting(1e-5, "learning rate")
     epochs: int = setting(1, "passes over the trajectories")
     batch_size: int = setting(8, "sequences per optimiser step")

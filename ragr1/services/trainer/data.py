@@ -19,7 +19,7 @@ from typing import Any
 from ragr1.agent.information import InformationFormat
 from ragr1.agent.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
 from ragr1.agent.sft import Piece, SupportedQuestion, trajectory
-from ragr1.data import read_jsonl_numbered
+from ragr1.data import read_jsonl_numbered, record_source
 from ragr1.v1 import common_pb2
 
 ABILITY = "fact-reasoning"
@@ -99,7 +99,7 @@ def load_qa_tasks(path: Path, mode: str | int, limit: int | None = None) -> list
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{where}: field 'question' must be a non-empty string")
         answers = _answers(_require(record, "golden_answers", where), where, "golden_answers")
-        source = str(record.get("data_source") or record.get("dataset") or Path(path).name.split(".")[0])
+        source = record_source(record, path)
         tasks.append(
             common_pb2.PromptTask(
                 id=task_id(source, question),

@@ -202,17 +202,6 @@ def value_loss(
     return loss, stats
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the distribution given by ``logits`` (``[..., V]`` -> ``[...]``)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(token) under ``logits`` (``[B, T, V]``, ``[B, T]`` -> ``[B, T]``), computed in float32."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
 def tempered_logprobs_and_entropy(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

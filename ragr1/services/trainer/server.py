@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ragr1 import data as shipped
-from ragr1.models import prepare_policy_model
+from ragr1.models import policy_checkpoint
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
@@ -29,16 +29,13 @@ def place(config: PPOConfig) -> Callable[[], Updater]:
     device; Ray workers: the cluster's GPUs), and returns what builds the updater there."""
     init_torch(config)
 
-    def model_dir() -> Path:
-        return Path(config.model_dir) if config.model_dir else prepare_policy_model()
-
     if config.num_workers > 1:
         from ragr1.services.trainer.ray_train import RayUpdater, connect
 
         connect(config, config.num_workers)
-        return lambda: RayUpdater(config, model_dir(), config.num_workers)
+        return lambda: RayUpdater(config, policy_checkpoint(config.model), config.num_workers)
     device = training_device(config.device)
-    return lambda: PPOUpdater.build(config, model_dir(), device)
+    return lambda: PPOUpdater.build(config, policy_checkpoint(config.model), device)
 
 
 def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:

@@ -13,7 +13,7 @@ import torch
 
 from ragr1 import data as shipped
 from ragr1.agent.information import InformationFormat
-from ragr1.models import prepare_policy_model
+from ragr1.models import policy_checkpoint
 from ragr1.services.trainer import data, ppo
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
@@ -33,10 +33,9 @@ class SFTTrainer:
         self.config = config
         init_torch(config)
         device = training_device(config.device)  # before a model is loaded
-        model_dir = Path(config.model_dir) if config.model_dir else prepare_policy_model()
         self.model = model or PolicyModel(
-            model_dir, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, bf16=config.bf16,
-            gradient_checkpointing=config.gradient_checkpointing, device=device,
+            policy_checkpoint(config.model), lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
+            bf16=config.bf16, gradient_checkpointing=config.gradient_checkpointing, device=device,
         )
         self.optimizer = torch.optim.AdamW(self.model.actor_parameters(), lr=config.lr, weight_decay=0.0)
 

@@ -211,8 +211,8 @@ affinity:
 - {{ include "ragr1.policyReplicas" . | quote }}
 - --output-dir
 - /checkpoints
-- --model-dir
-- {{ .Values.trainer.modelDir | quote }}
+- --model
+- {{ .Values.trainer.model | quote }}
 - --max-updates
 - "0"
 {{- with .Values.trainer.extraArgs }}
