@@ -33,17 +33,18 @@ import grpc
 from tqdm import tqdm
 
 from ragr1.models import policy_checkpoint
-from ragr1.services.common.config import check_at_least, check_choice, setting
+from ragr1.services.common.config import check_at_least, check_choice, flags, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.client import TrainerClient
+from ragr1.services.trainer.config import SFTConfig
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import evaluate, plan, report, stats
 from ragr1.stack.config import StackConfig
 from ragr1.stack.local import run_dir, start_stack
 from ragr1.stack.questions import SOURCES, Split, split_questions, write_jsonl
-from ragr1.stack.supervisor import StackError, Supervisor
+from ragr1.stack.supervisor import ServiceSpec, StackError, Supervisor
 from ragr1.v1 import common_pb2
 
 PRESETS = Path(__file__).resolve().parent / "presets"
@@ -196,17 +197,20 @@ class Demo:
         client.close()
 
     # -- training -------------------------------------------------------------------------------
+    def sft_args(self, out: Path) -> list[str]:
+        """``ragr1 train sft``'s arguments: the demo's SFT questions, both modes, the loop's block budget."""
+        c = self.config
+        return ["train", "sft", *flags(SFTConfig, {
+            "model": str(self.model), "train_files": [str(self.train_file)], "limit": 0,
+            "modes": ["single", "multi"], "epochs": c.sft_epochs, "lr": c.sft_lr,
+            "micro_batch_size": c.sft_micro_batch, "tokens_per_query": c.tokens_per_query, "output_dir": str(out),
+        })]
+
     def sft(self) -> Path:
         """``ragr1 train sft`` as a child process (its log beside the services'); returns the checkpoint."""
-        c = self.config
         out = self.directory / "sft"
         log = self.directory / "logs" / "sft.log"
-        args = [
-            sys.executable, "-m", "ragr1", "train", "sft", "--model", str(self.model),
-            "--train-files", str(self.train_file), "--limit", "0", "--modes", "single,multi",
-            "--epochs", str(c.sft_epochs), "--lr", str(c.sft_lr), "--micro-batch-size", str(c.sft_micro_batch),
-            "--tokens-per-query", str(c.tokens_per_query), "--output-dir", str(out),
-        ]
+        args = [sys.executable, "-m", "ragr1", *self.sft_args(out)]
         print(f"SFT (format learning) on {self.train_file.name}; log {log}", flush=True)
         with open(log, "ab") as handle:
             result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT)
@@ -217,20 +221,23 @@ class Demo:
             raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
         return policy_dir(latest[0])
 
+    def rl_spec(self, start_checkpoint: Path, start_version: int) -> ServiceSpec:
+        """The PPO trainer of the RL stage: GRPO groups of the RL questions, ``rl_updates`` updates."""
+        c = self.config
+        return plan.trainer_spec(c, self.ports, start_checkpoint, self.directory / "rl", {
+            "prompts_file": str(self.rl_file), "mode": c.rl_mode, "start_version": start_version,
+            "max_updates": c.rl_updates, "batch_size": c.rl_prompts * c.rl_samples,
+            "samples_per_prompt": c.rl_samples, "max_uniform_groups": c.rl_uniform_groups,
+            "advantage": c.rl_advantage, "actor_lr": c.rl_lr, "lora_rank": c.rl_lora_rank,
+            "mini_batch_size": c.rl_mini_batch, "micro_batch_size": c.rl_micro_batch,
+        })
+
     def rl(self, supervisor: Supervisor, start_checkpoint: Path, start_version: int) -> int:
         """The trainer as a service of the stack until it has made ``rl_updates`` updates; returns the
         version the policy then serves."""
         c = self.config
         self.rl_dir = self.directory / "rl"
-        spec = plan.trainer_spec(
-            c, self.ports, start_checkpoint, self.rl_dir,
-            "--prompts-file", str(self.rl_file), "--mode", c.rl_mode, "--start-version", str(start_version),
-            "--max-updates", str(c.rl_updates), "--batch-size", str(c.rl_prompts * c.rl_samples),
-            "--samples-per-prompt", str(c.rl_samples), "--max-uniform-groups", str(c.rl_uniform_groups),
-            "--advantage", c.rl_advantage,
-            "--actor-lr", str(c.rl_lr), "--lora-rank", str(c.rl_lora_rank),
-            "--mini-batch-size", str(c.rl_mini_batch), "--micro-batch-size", str(c.rl_micro_batch),
-        )
+        spec = self.rl_spec(start_checkpoint, start_version)
         proc = supervisor.add(spec)
         target = start_version + c.rl_updates
         trainer = TrainerClient(spec.target)

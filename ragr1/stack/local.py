@@ -80,7 +80,7 @@ def up(config: UpConfig) -> int:
     model = policy_checkpoint(config.model)
     trainers = []
     if config.trainer:
-        trainers.append(plan.trainer_spec(config, ports, model, directory / "checkpoints", "--max-updates", "0"))
+        trainers.append(plan.trainer_spec(config, ports, model, directory / "checkpoints", {"max_updates": 0}))
     supervisor = start_stack(config, directory, extra=trainers, model=model, index_passages=config.index_passages,
                              auth=config.auth)
     try:

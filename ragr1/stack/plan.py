@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import to_flags
+from ragr1.services.common.config import flags
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
@@ -59,7 +59,7 @@ def _spec(name: str, command: Sequence[str], cls: type[ServerConfig], settings: 
     values = {**settings, "host": HOST, "port": port, "metrics_port": metrics}
     return ServiceSpec(
         name=name,
-        args=[*command, *to_flags(cls(**values), names=list(values))],
+        args=[*command, *flags(cls, values)],
         port=port, metrics_port=metrics, host=HOST, start_timeout=config.start_timeout, extra=dict(extra or {}),
     )
 
@@ -82,19 +82,20 @@ def reward_spec(config: StackConfig, p: Ports) -> ServiceSpec:
     return _spec("reward", ["serve", "reward"], RewardConfig, REWARD_WEIGHTS[config.reward], p.reward, config)
 
 
-def policy_spec(config: StackConfig, p: Ports, model: Path, *, worker: bool = True, name: str = "policy",
-                port: int = 0) -> ServiceSpec:
-    """``name`` and ``port``: a replica beside the first (``port`` 0: ``p.policy``). The worker's consumer
-    name is the service's, stable across restarts, so that a restarted worker takes back its pending
-    prompts at once instead of leaving them to the others' reclaim (10 minutes by default)."""
-    settings = {
+def policy_spec(config: StackConfig, p: Ports, model: Path, settings: Mapping[str, Any] | None = None, *,
+                worker: bool = True, name: str = "policy", port: int = 0) -> ServiceSpec:
+    """``settings``: more of the policy's (``PolicyConfig``); ``name`` and ``port``: a replica beside the first
+    (``port`` 0: ``p.policy``). The worker's consumer name is the service's, stable across restarts, so that
+    a restarted worker takes back its pending prompts at once instead of leaving them to the others'
+    reclaim (10 minutes by default)."""
+    wiring = {
         "model": str(model), "worker_name": name, "retriever_address": f"{HOST}:{p.router}",
         "reward_address": f"{HOST}:{p.reward}", "redis_url": p.redis_url(), "max_turns": config.max_turns,
         "max_tokens_per_turn": config.max_tokens_per_turn, "kv_cache_gib": config.kv_cache_gib,
         "tokens_per_query": config.tokens_per_query, "max_model_len": config.max_model_len,
     }
     command = ["serve", "rollout-worker" if worker else "policy"]
-    return _spec(name, command, PolicyConfig, settings, port or p.policy, config)
+    return _spec(name, command, PolicyConfig, {**wiring, **(settings or {})}, port or p.policy, config)
 
 
 def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
@@ -105,14 +106,13 @@ def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
     return config.trainer_threads or max(1, (cores or os.cpu_count() or 2) // 2)
 
 
-def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path, *extra: str,
-                 replicas: tuple[int, ...] = ()) -> ServiceSpec:
-    """``replicas``: the policy ports the trainer pushes weights to (empty: ``p.policy``)."""
-    settings = {
+def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path,
+                 settings: Mapping[str, Any] | None = None, *, replicas: tuple[int, ...] = ()) -> ServiceSpec:
+    """``settings``: more of the trainer's (``PPOConfig``); ``replicas``: the policy ports the trainer pushes
+    weights to (empty: ``p.policy``)."""
+    wiring = {
         "model": str(model), "redis_url": p.redis_url(),
         "policy_replicas": [f"{HOST}:{port}" for port in replicas or (p.policy,)],
         "output_dir": str(output_dir), "threads": trainer_threads(config),
     }
-    spec = _spec("trainer", ["train", "ppo"], PPOConfig, settings, p.trainer, config)
-    spec.args += extra
-    return spec
+    return _spec("trainer", ["train", "ppo"], PPOConfig, {**wiring, **(settings or {})}, p.trainer, config)

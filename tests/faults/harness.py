@@ -262,19 +262,17 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
     index = ensure_index(0, config.shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
-    worker_flags = ["--reclaim-idle-ms", str(RECLAIM_MS), "--worker-batch", "2"]
+    worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2}
     second = ports.trainer + 1
-    policies = [plan.policy_spec(config, ports, model, name="policy-0"),
-                plan.policy_spec(config, ports, model, name="policy-1", port=second)]
-    for spec in policies:
-        spec.args += worker_flags
+    policies = [plan.policy_spec(config, ports, model, worker, name="policy-0"),
+                plan.policy_spec(config, ports, model, worker, name="policy-1", port=second)]
     trainer = plan.trainer_spec(
         config, ports, model, directory / "trainer",
-        "--prompts-file", str(prompts), "--mode", "multi", "--max-updates", str(updates), "--batch-size", "4",
-        "--samples-per-prompt", "2", "--advantage", "grpo", "--lora-rank", "16", "--actor-lr", "1e-4",
-        "--mini-batch-size", "4", "--micro-batch-size", "2", "--update-timeout-seconds", "60",
-        # The audit reads every entry the run produced; trimming (tests/trainer/test_loop.py) would delete them.
-        "--no-trim-streams",
+        {"prompts_file": str(prompts), "mode": "multi", "max_updates": updates, "batch_size": 4,
+         "samples_per_prompt": 2, "advantage": "grpo", "lora_rank": 16, "actor_lr": 1e-4,
+         "mini_batch_size": 4, "micro_batch_size": 2, "update_timeout_seconds": 60,
+         # The audit reads every entry the run produced; trimming (tests/trainer/test_loop.py) would delete them.
+         "trim_streams": False},
         replicas=(ports.policy, second),
     )
     specs = [*plan.retrieval_specs(config, ports, index), plan.reward_spec(config, ports), *policies, trainer]

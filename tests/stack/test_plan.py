@@ -9,9 +9,10 @@ from ragr1.services.common.config import from_args
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.reward.config import RewardConfig
-from ragr1.services.trainer.config import PPOConfig
+from ragr1.services.trainer.config import PPOConfig, SFTConfig
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
+from ragr1.stack.demo import Demo, DemoConfig
 
 
 def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> None:
@@ -43,3 +44,20 @@ def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> Non
     trainer = read["trainer"]
     assert (trainer.policy_replicas, trainer.threads, trainer.output_dir) == (
         [f"{plan.HOST}:40100"], 1, str(tmp_path / "out"))
+
+
+def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> None:
+    """The demo writes ``train sft`` and ``train ppo`` command lines from its own settings; read back by the
+    trainer's configs, they say what the demo's flags said."""
+    demo = Demo(DemoConfig(run_dir=str(tmp_path / "run"), base_port=41000, sft_epochs=2, sft_lr=3e-5,
+                           tokens_per_query=96, rl_prompts=3, rl_samples=4, rl_lr=2e-4, rl_mode="single"))
+    demo.model, demo.train_file, demo.rl_file = tmp_path / "model", tmp_path / "train.jsonl", tmp_path / "rl.jsonl"
+    parser = build_parser()
+    sft = from_args(SFTConfig, parser.parse_args(demo.sft_args(tmp_path / "sft")))
+    assert (sft.model, sft.train_files, sft.modes, sft.epochs, sft.lr, sft.tokens_per_query, sft.output_dir) == (
+        str(tmp_path / "model"), [str(tmp_path / "train.jsonl")], ["single", "multi"], 2, 3e-5, 96,
+        str(tmp_path / "sft"))
+    ppo = from_args(PPOConfig, parser.parse_args(demo.rl_spec(tmp_path / "sft-model", 1).args))
+    assert (ppo.model, ppo.prompts_file, ppo.mode, ppo.start_version, ppo.batch_size, ppo.samples_per_prompt,
+            ppo.actor_lr, ppo.port) == (
+        str(tmp_path / "sft-model"), str(tmp_path / "rl.jsonl"), "single", 1, 12, 4, 2e-4, 41005)

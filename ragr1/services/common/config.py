@@ -190,6 +190,13 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
     return load(cls, file=getattr(args, "config", None), overrides=overrides)
 
 
+def flags(cls: type, settings: Mapping[str, Any]) -> list[str]:
+    """The command-line flags that set ``settings`` on a command configured by ``cls``. A ``cls`` is made
+    from them first, so that a setting it does not have, or a bad value, fails here, in the process that
+    writes the command line, instead of at the child's start."""
+    return to_flags(cls(**settings), names=list(settings))
+
+
 def to_flags(config: Any, names: Sequence[str] | None = None) -> list[str]:
     """The flags that reproduce ``config`` (or some of its fields) on another process's command line."""
     out: list[str] = []
