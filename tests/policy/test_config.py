@@ -35,8 +35,7 @@ def test_environment_and_overrides_reach_the_loop() -> None:
 
 
 def test_default_context_holds_max_turns_searches_of_three_full_queries() -> None:
-    config = PolicyConfig()
-    config.validate()
+    config = PolicyConfig()  # checks itself: the default context holds the default searches
     loop = config.loop_config()
     assert (loop.max_turns, loop.max_queries_per_search, loop.top_k) == (4, 3, 3)  # RAG-R1's
     assert loop.context_needed(config.max_tokens_per_turn) <= loop.max_model_len
@@ -56,4 +55,4 @@ def test_default_context_holds_max_turns_searches_of_three_full_queries() -> Non
 )
 def test_bad_settings_are_named(change: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(PolicyConfig(), **change).validate()  # type: ignore[arg-type]
+        dataclasses.replace(PolicyConfig(), **change)  # type: ignore[arg-type]

@@ -41,8 +41,11 @@ def test_data_prepare_passes_every_setting_on(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr("ragr1.stack.prepare.prepare", prepare)
     (tmp_path / "prepare.json").write_text('{"train_files": ["hotpotqa", "mine.jsonl"], "top_k": 5}')
     monkeypatch.setenv("RAGR1_TOKENS_PER_QUERY", "99")
+    monkeypatch.setenv("RAGR1_MODEL", "my-model")
     assert main(["data", "prepare", "--config", str(tmp_path / "prepare.json"), "--limit", "3", "--top-k", "2"]) == 0
-    assert calls == [(["hotpotqa", "mine.jsonl"], Path("runs/data"), 3, 2, 99)]
+    ((sources, out, blocks, model, limit),) = calls
+    assert (sources, out, blocks.top_k, blocks.tokens_per_query, model, limit) == (
+        ["hotpotqa", "mine.jsonl"], Path("runs/data"), 2, 99, "my-model", 3)
 
 
 def test_up_and_demo_read_the_same_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

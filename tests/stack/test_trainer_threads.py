@@ -46,6 +46,6 @@ def test_training_runs_with_the_configured_threads() -> None:
     finally:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads must be at least 0, got -2"):
-        PPOSettings(threads=-2).validate()
+        PPOSettings(threads=-2)
     with pytest.raises(ValueError, match="threads must be at least 0, got -1"):
         SFTTrainer(SFTConfig(threads=-1))  # refused before a model is loaded

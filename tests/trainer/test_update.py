@@ -125,14 +125,14 @@ def test_learning_rates_warm_up_over_a_share_of_max_updates(tiny_model_dir: Path
         ({"max_uniform_groups": -1}, "max_uniform_groups must be at least 0"),
         ({"kl_penalty": "advantage"}, "kl_penalty must be one of"),
         ({"kl_kind": "k2"}, "kl_kind must be one of"),
-        ({"sharding": "zero3"}, r"sharding must be one of \['fsdp', 'replicate'\], got 'zero3'"),
+        ({"sharding": "zero3"}, "sharding must be one of fsdp, replicate, got 'zero3'"),
         ({"actor_warmup_ratio": 1.5}, "actor_warmup_ratio must be within"),
         ({"micro_batch_tokens": -1}, "micro_batch_tokens must be at least 0"),
     ],
 )
 def test_bad_settings_are_refused_naming_them(change: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(PPOConfig(), **change).validate()  # type: ignore[arg-type]
+        dataclasses.replace(PPOConfig(), **change)  # type: ignore[arg-type]
 
 
 def test_ragr1_train_ppo_refuses_split_grpo_groups_before_anything_starts(tmp_path: Path) -> None:
