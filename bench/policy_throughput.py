@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 from ragr1.agent import grammar  # noqa: E402
 from ragr1.agent.information import Passage  # noqa: E402
 from ragr1.agent.prompts import Mode  # noqa: E402
-from ragr1.data import read_jsonl, train_path  # noqa: E402
 from ragr1.models import policy_checkpoint  # noqa: E402
 from ragr1.services.policy.agent import (  # noqa: E402
     AgentLoop,
@@ -49,6 +48,7 @@ from ragr1.services.policy.agent import (  # noqa: E402
 )
 from ragr1.services.policy.backends import RetrieverSearch  # noqa: E402
 from ragr1.services.policy.engine import EngineSettings, VllmEngine  # noqa: E402
+from ragr1.shipped import read_jsonl, train_path  # noqa: E402
 
 
 class TransformersEngine:

@@ -45,7 +45,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ragr1.data import all_questions, corpus_path, read_jsonl, train_path
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.retriever import plan
 from ragr1.services.retriever.build import build_index, embed_store, embeddings_cache_dir
@@ -54,6 +53,7 @@ from ragr1.services.retriever.corpus import PassageStore, read_corpus, write_sto
 from ragr1.services.retriever.encoder import BACKENDS, DEFAULT_BACKEND, DEFAULT_ENCODER, Encoder, preset
 from ragr1.services.retriever.index import IndexSpec
 from ragr1.services.retriever.manifest import LoadedManifest
+from ragr1.shipped import all_questions, corpus_path, read_jsonl, train_path
 
 QUERIES_PER_CALL = 3
 TOP_K = 3

@@ -30,7 +30,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ragr1.data import read_jsonl, train_path  # noqa: E402
 from ragr1.models import smollm2_dir  # noqa: E402
 from ragr1.services.common.process import ServiceProcess  # noqa: E402
 from ragr1.services.common.redis_server import free_port  # noqa: E402
@@ -38,6 +37,7 @@ from ragr1.services.reward.answers import normalize_answer  # noqa: E402
 from ragr1.services.reward.client import RewardClient  # noqa: E402
 from ragr1.services.reward.scoring import RewardScorer  # noqa: E402
 from ragr1.services.reward.servicer import to_input  # noqa: E402
+from ragr1.shipped import read_jsonl, train_path  # noqa: E402
 from ragr1.v1 import common_pb2, reward_pb2  # noqa: E402
 
 ROLLOUT_TOKENS_PER_SECOND = {"vLLM CPU, out of the box": 107.0, "vLLM CPU, tuned": 203.0}

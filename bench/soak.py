@@ -31,12 +31,12 @@ from pathlib import Path
 import psutil
 
 from bench.retriever_throughput import QueryFeed, load_retriever, retriever
-from ragr1.data import all_questions, corpus_path
 from ragr1.services.common.redis_server import RedisServer
 from ragr1.services.common.streams import ROLLOUTS, StreamQueue, connect
 from ragr1.services.retriever.build import build_index
 from ragr1.services.retriever.corpus import read_corpus, write_store
 from ragr1.services.retriever.encoder import DEFAULT_BACKEND, DEFAULT_ENCODER, preset
+from ragr1.shipped import all_questions, corpus_path
 from ragr1.v1 import common_pb2
 
 MB = 2**20

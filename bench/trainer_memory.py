@@ -73,9 +73,9 @@ def realistic_samples(tokenizer: object, count: int, seed: int = 0) -> list[obje
     """``count`` rollouts of 1,500-2,000 tokens: generated turns (180-380 tokens) alternating with inserted
     information blocks (3 queries x ~100 tokens), until the length is reached; about half masked."""
     from ragr1.agent.prompts import Mode
-    from ragr1.data import train_path
     from ragr1.services.trainer import data
     from ragr1.services.trainer.ppo_trainer import Sample
+    from ragr1.shipped import train_path
 
     rng = random.Random(seed)
     tasks = data.load_qa_tasks(train_path("hotpotqa"), "multi", limit=count)

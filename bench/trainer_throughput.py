@@ -24,7 +24,6 @@ import torch
 
 from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat
 from ragr1.agent.prompts import Mode
-from ragr1.data import train_path
 from ragr1.models import prepare_policy_model
 from ragr1.services.common.redis_server import RedisServer
 from ragr1.services.common.streams import ROLLOUTS, StreamQueue
@@ -36,6 +35,7 @@ from ragr1.services.trainer.model import PolicyModel
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 from ragr1.services.trainer.sft import SFTTrainer
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.shipped import train_path
 from ragr1.v1 import common_pb2
 
 VARIANTS = {  # name -> (bf16, lora rank)

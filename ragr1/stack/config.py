@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ragr1.data import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.services.common import ports
 from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.policy.agent import LoopConfig
 from ragr1.services.trainer.config import InformationSettings
+from ragr1.shipped import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.stack.evaluate import parse_modes
 from ragr1.stack.supervisor import RestartPolicy
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.data import EVAL_BENCHMARKS, eval_path, read_jsonl, record_source
+from ragr1.shipped import EVAL_BENCHMARKS, eval_path, read_jsonl, record_source
 from ragr1.stack.stats import Estimate, bootstrap
 from ragr1.v1 import common_pb2
 

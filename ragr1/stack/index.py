@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragr1.data import cache_dir, corpus_path
+from ragr1.shipped import cache_dir, corpus_path
 
 
 def _selection_key(limit: int, ids: set[str] | None) -> str:

@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragr1.data import ROOT
 from ragr1.models import policy_checkpoint
+from ragr1.shipped import ROOT
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig, UpConfig
 from ragr1.stack.index import ensure_index

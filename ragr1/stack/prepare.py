@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ragr1.data import read_jsonl, record_source, train_source
 from ragr1.services.trainer.config import InformationSettings
+from ragr1.shipped import read_jsonl, record_source, train_source
 from ragr1.stack.questions import write_jsonl
 
 QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.data import read_jsonl, train_path
+from ragr1.shipped import read_jsonl, train_path
 from ragr1.stack.stats import is_yes_no
 
 # Multi-hop questions, where several queries at once pay off.

@@ -8,8 +8,8 @@ from typing import Any
 
 from ragr1.agent.grammar import INFORMATION_CLOSE, INFORMATION_OPEN
 from ragr1.agent.information import InformationFormat, Passage, documents
-from ragr1.data import corpus_path, read_jsonl
 from ragr1.services.policy.agent import BLOCK_OVERHEAD_TOKENS, QUERY_OVERHEAD_TOKENS
+from ragr1.shipped import corpus_path, read_jsonl
 
 HAMLET = Passage("1", "Hamlet", "A tragedy by William Shakespeare.")
 STRATFORD = Passage("2", "Stratford-upon-Avon", "A market town in Warwickshire.")

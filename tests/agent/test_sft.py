@@ -11,9 +11,9 @@ import pytest
 from ragr1.agent.information import InformationFormat, Passage
 from ragr1.agent.prompts import Mode
 from ragr1.agent.sft import SupportedQuestion, trajectory
-from ragr1.data import train_path
-from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Status, Task
+from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Task, TrajectoryStatus
 from ragr1.services.trainer import data
+from ragr1.shipped import train_path
 from tests.policy.scripted import ScriptedEngine
 
 
@@ -39,7 +39,7 @@ def test_loop_replaying_an_sft_trajectory_produces_its_token_ids(tokenizer: Any,
     loop = AgentLoop(ScriptedEngine(tokenizer, script), GoldSearch(item), tokenizer, config)
     (t,) = asyncio.run(loop.run([Task("q", item.question, mode)], Sampling(max_tokens=256), version=0))
 
-    assert t.status is Status.ANSWERED
+    assert t.status is TrajectoryStatus.ANSWERED
     assert t.prompt_ids == expected.prompt_ids
     # SFT also teaches the end-of-sequence token after the answer; the loop stops at </answer>.
     assert t.response_ids == expected.response_ids[:-1]

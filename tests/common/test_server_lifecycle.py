@@ -13,14 +13,14 @@ import pytest
 
 from ragr1.services.common.client import HealthClient
 from ragr1.services.common.server import GrpcServer, ServerConfig
-from ragr1.services.trainer.loop import Status
+from ragr1.services.trainer.loop import TrainerStatus
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.v1 import trainer_pb2_grpc
 
 
 def server() -> GrpcServer:
     s = GrpcServer(ServerConfig(port=0, metrics_port=0, grace_seconds=1), "lifecycle-test")
-    s.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(Status()))
+    s.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(TrainerStatus()))
     return s
 
 

@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
-from ragr1.data import EVAL_BENCHMARKS
 from ragr1.services.common.redis_server import free_port
+from ragr1.shipped import EVAL_BENCHMARKS
 from tests.e2e.processes import processes_using_ports
 
 

@@ -48,13 +48,13 @@ from typing import Any
 import grpc
 import redis
 
-from ragr1.data import ROOT
 from ragr1.models import policy_checkpoint
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.shipped import ROOT
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
 from ragr1.stack.index import ensure_index

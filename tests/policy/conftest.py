@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ragr1.data import corpus_path, read_jsonl, train_path
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
+from ragr1.shipped import corpus_path, read_jsonl, train_path
 
 HOTPOT_QUESTIONS = 4
 EXTRA_PASSAGES = 150

@@ -10,7 +10,7 @@ import pytest
 
 from ragr1.agent.grammar import SpanKind, parse_spans
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK, Mode
-from ragr1.services.policy.agent import AgentLoop, Generation, LoopConfig, Sampling, Status, Task, Trajectory
+from ragr1.services.policy.agent import AgentLoop, Generation, LoopConfig, Sampling, Task, Trajectory, TrajectoryStatus
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 
 TWO_HOP = [
@@ -46,7 +46,7 @@ def generated_ids(engine: ScriptedEngine, question: str) -> list[int]:
 
 def test_all_live_trajectories_share_one_retriever_call_per_turn(tokenizer: Any) -> None:
     out, engine, search = run(tokenizer, {"q two hop": TWO_HOP, "q one at a time": ONE_AT_A_TIME})
-    assert [t.status for t in out] == [Status.ANSWERED, Status.ANSWERED]
+    assert [t.status for t in out] == [TrajectoryStatus.ANSWERED, TrajectoryStatus.ANSWERED]
     assert search.calls == [
         (["Hamlet author", "Shakespeare birthplace", "Hamlet author"], [0, 0, 1]),
         (["Shakespeare birthplace"], [0]),
@@ -98,7 +98,7 @@ def test_invalid_action_gets_rag_r1s_feedback_and_another_turn(tokenizer: Any) -
     script = {"q lost": ["I am not sure what to do.", "<answer> Paris </answer>"]}
     out, _, search = run(tokenizer, script)
     t = out[0]
-    assert t.status is Status.ANSWERED and t.invalid_actions == 1 and t.num_turns == 2
+    assert t.status is TrajectoryStatus.ANSWERED and t.invalid_actions == 1 and t.num_turns == 2
     assert search.calls == []
     inserted = tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask, strict=True) if m == 0])
     assert inserted.startswith("\nMy previous action is invalid.")
@@ -108,7 +108,7 @@ def test_max_turns_then_a_final_turn_without_search(tokenizer: Any) -> None:
     script = {"q forever": ["<search> more </search>"]}
     out, _, search = run(tokenizer, script, max_turns=2)
     t = out[0]
-    assert t.status is Status.NO_ANSWER
+    assert t.status is TrajectoryStatus.NO_ANSWER
     assert (t.num_turns, t.retrieval_rounds) == (3, 2)
     assert len(search.calls) == 2
 
@@ -117,9 +117,9 @@ def test_retriever_failure_ends_searching_trajectories_only(tokenizer: Any) -> N
     script = {"q search": ONE_AT_A_TIME, "q direct": ["<answer> now </answer>"]}
     out, _, search = run(tokenizer, script, ScriptedSearch(fail=ConnectionError("shard 3 down")))
     searching, direct = out
-    assert searching.status is Status.RETRIEVAL_ERROR
+    assert searching.status is TrajectoryStatus.RETRIEVAL_ERROR
     assert "shard 3 down" in searching.error
-    assert direct.status is Status.ANSWERED
+    assert direct.status is TrajectoryStatus.ANSWERED
     assert len(search.calls) == 1
     assert len(searching.response_ids) == len(searching.loss_mask) == len(searching.logprobs)
 
@@ -127,7 +127,7 @@ def test_retriever_failure_ends_searching_trajectories_only(tokenizer: Any) -> N
 def test_retriever_timeout_never_hangs(tokenizer: Any) -> None:
     slow = ScriptedSearch(hang=True)
     out, _, _ = run(tokenizer, {"q slow": ONE_AT_A_TIME}, slow, retrieval_timeout_seconds=0.2)
-    assert out[0].status is Status.RETRIEVAL_ERROR
+    assert out[0].status is TrajectoryStatus.RETRIEVAL_ERROR
     assert "timed out" in out[0].error
 
 
@@ -147,7 +147,7 @@ def test_context_limit_truncates(tokenizer: Any) -> None:
     engine_prompt_len = len(loop.prompt_ids(Task("x", "q long")))
     out, _, _ = run(tokenizer, {"q long": ["<search> a </search>"]}, max_model_len=engine_prompt_len + 20)
     t = out[0]
-    assert t.status is Status.TRUNCATED
+    assert t.status is TrajectoryStatus.TRUNCATED
     assert t.length <= engine_prompt_len + 20
 
 
@@ -156,7 +156,7 @@ def test_abort_ends_live_trajectories(tokenizer: Any) -> None:
     loop = AgentLoop(engine, ScriptedSearch(), tokenizer, LoopConfig())
     calls = iter([False, True])
     out = asyncio.run(loop.run([Task("a", "q a")], Sampling(), version=1, should_abort=lambda: next(calls)))
-    assert out[0].status is Status.ABORTED and out[0].num_turns == 1
+    assert out[0].status is TrajectoryStatus.ABORTED and out[0].num_turns == 1
 
 
 def test_per_task_mode_overrides_the_default(tokenizer: Any) -> None:
@@ -214,7 +214,7 @@ def test_end_of_sequence_before_the_feedback_is_dropped(tokenizer: Any) -> None:
     loop = AgentLoop(engine, ScriptedSearch(), tokenizer, LoopConfig())
     (t,) = asyncio.run(loop.run([Task("e", "q eos")], Sampling(max_tokens=64), version=0))
     eos = tokenizer.eos_token_id
-    assert t.status is Status.ANSWERED and t.invalid_actions == 1
+    assert t.status is TrajectoryStatus.ANSWERED and t.invalid_actions == 1
     assert eos not in t.response_ids  # nothing is trained after the model's own end of turn
     first = tokenizer.encode("I am not sure.", add_special_tokens=False)
     feedback = tokenizer.encode(INVALID_ACTION_FEEDBACK, add_special_tokens=False)
@@ -227,6 +227,6 @@ def test_no_retrieval_mode_answers_in_one_turn_and_never_searches(tokenizer: Any
     script = {"q none": ["<think>I know.</think><search> tempting </search>"], "q ok": ["<answer> y </answer>"]}
     tasks = [Task("n", "q none", Mode.NONE), Task("o", "q ok", Mode.NONE)]
     out, _, search = run(tokenizer, script, tasks=tasks)
-    assert [t.status for t in out] == [Status.NO_ANSWER, Status.ANSWERED]
+    assert [t.status for t in out] == [TrajectoryStatus.NO_ANSWER, TrajectoryStatus.ANSWERED]
     assert search.calls == [] and [t.num_turns for t in out] == [1, 1]
     assert "<search>" not in tokenizer.decode(out[0].prompt_ids)

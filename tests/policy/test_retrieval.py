@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ragr1.services.common.process import ServiceProcess
-from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Status, Task
+from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Task, TrajectoryStatus
 from ragr1.services.policy.backends import RetrieverSearch
 from tests.policy.conftest import hotpot_rows
 from tests.policy.scripted import ScriptedEngine
@@ -46,7 +46,7 @@ def test_one_real_search_call_per_turn_and_gold_passages_in_information(
     trajectories, calls = asyncio.run(go())
     assert calls == 1
     for row, t in zip(rows, trajectories, strict=True):
-        assert t.status is Status.ANSWERED and (t.retrieval_rounds, t.num_queries) == (1, 2)
+        assert t.status is TrajectoryStatus.ANSWERED and (t.retrieval_rounds, t.num_queries) == (1, 2)
         titles = {p.title for _, p in t.retrieved}
         assert set(row["supporting_titles"]) <= titles
         # dedup_within_group: no passage twice among one trajectory's queries.
@@ -75,4 +75,4 @@ def test_a_dead_retriever_ends_trajectories_with_retrieval_error(tokenizer: Any)
             await search.close()
 
     t = asyncio.run(go())
-    assert t.status is Status.RETRIEVAL_ERROR and "UNAVAILABLE" in t.error
+    assert t.status is TrajectoryStatus.RETRIEVAL_ERROR and "UNAVAILABLE" in t.error

@@ -13,7 +13,7 @@ from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import LoopConfig, Sampling, Task
-from ragr1.services.policy.backends import RewardScorer
+from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.runtime import Limits, Policy
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2
@@ -72,7 +72,7 @@ def worker_for(
 ) -> RolloutWorker:
     return RolloutWorker(
         policy,
-        RewardScorer(reward_server.target),
+        RewardServiceScorer(reward_server.target),
         prompts,
         rollouts,
         Sampling(),

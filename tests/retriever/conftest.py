@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.data import corpus_path, read_jsonl, train_path
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.retriever.build import build_index
 from ragr1.services.retriever.corpus import PassageStore, read_corpus, write_store
 from ragr1.services.retriever.encoder import DEFAULT_ENCODER, Encoder, EncoderSettings, preset
+from ragr1.shipped import corpus_path, read_jsonl, train_path
 
 SLICE = 2000
 EXTRA_QUESTIONS = 100

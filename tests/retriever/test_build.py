@@ -9,13 +9,13 @@ import faiss
 import numpy as np
 import pytest
 
-from ragr1.data import corpus_path
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.build import embed_store, embeddings_cache_dir
 from ragr1.services.retriever.corpus import PassageStore, read_corpus, write_store
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch, shard_ranges
 from ragr1.services.retriever.shard import ShardSearcher
+from ragr1.shipped import corpus_path
 
 
 def test_gpu_selection() -> None:

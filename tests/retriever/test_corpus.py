@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.data import corpus_path, read_jsonl
 from ragr1.services.retriever.corpus import (
     PassageRecord,
     PassageStore,
@@ -15,6 +14,7 @@ from ragr1.services.retriever.corpus import (
     split_kilt_page,
     write_store,
 )
+from ragr1.shipped import corpus_path, read_jsonl
 
 
 def test_both_jsonl_layouts_give_the_same_passage() -> None:

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragr1.data import EVAL_BENCHMARKS, eval_path, read_jsonl
 from ragr1.services.reward.answers import (
     contains_answer,
     exact_match,
@@ -16,6 +15,7 @@ from ragr1.services.reward.answers import (
     normalized_golds,
     token_f1,
 )
+from ragr1.shipped import EVAL_BENCHMARKS, eval_path, read_jsonl
 
 
 @functools.cache

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragr1.data import read_jsonl, train_path
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.process_reward import LexicalRelevance, Passage, Round, process_score
 from ragr1.services.reward.scoring import (
@@ -19,6 +18,7 @@ from ragr1.services.reward.scoring import (
     RewardSettings,
     ScoreInput,
 )
+from ragr1.shipped import read_jsonl, train_path
 
 
 def _question() -> dict[str, Any]:

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
-from ragr1.data import eval_path, read_jsonl
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.reward.client import AsyncRewardClient, RewardClient
+from ragr1.shipped import eval_path, read_jsonl
 from ragr1.v1 import common_pb2, reward_pb2
 from tests.common import fuzz
 

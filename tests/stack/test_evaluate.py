@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.data import EVAL_BENCHMARKS
+from ragr1.shipped import EVAL_BENCHMARKS
 from ragr1.stack import evaluate
 from ragr1.stack.questions import split_questions
 from ragr1.stack.report import quantile

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.data import read_jsonl, train_path
+from ragr1.shipped import read_jsonl, train_path
 from ragr1.stack import stats
 from ragr1.stack.demo import Demo, DemoConfig, StageResult
 from ragr1.stack.questions import split_questions

@@ -11,9 +11,9 @@ import pytest
 
 from ragr1.agent.information import InformationFormat
 from ragr1.agent.prompts import Mode, question_prompt
-from ragr1.data import train_path
 from ragr1.services.trainer import data
 from ragr1.services.trainer.model import PolicyModel
+from ragr1.shipped import train_path
 from ragr1.v1 import common_pb2
 
 

@@ -16,7 +16,7 @@ import redis
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.common.server import GrpcServer, ServerConfig
 from ragr1.services.trainer.client import TrainerClient
-from ragr1.services.trainer.loop import PPOLoop, Status
+from ragr1.services.trainer.loop import PPOLoop, TrainerStatus
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.v1 import policy_pb2, policy_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -79,7 +79,7 @@ def run_loop(loop: PPOLoop, meanwhile: Callable[[], None] | None = None) -> Base
 
 
 def test_status_reports_the_loop_state_over_grpc() -> None:
-    status = Status(
+    status = TrainerStatus(
         stage="ppo",
         step=3,
         policy_version=3,

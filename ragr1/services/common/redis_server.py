@@ -63,7 +63,7 @@ class RedisConfig(Validated):
 
     port: int = setting(ports.REDIS, "port; 0 picks a free one")
     host: str = setting("127.0.0.1", "address to listen on")
-    # Not data_dir: RAGR1_DATA_DIR already says where the shipped data is (ragr1/data.py).
+    # Not data_dir: RAGR1_DATA_DIR already says where the shipped data is (ragr1/shipped.py).
     aof_dir: str = setting("", "keep the append-only file here; empty: a temporary directory, removed on stop")
 
     def validate(self) -> None:

@@ -32,7 +32,7 @@ from ragr1.agent.prompts import (
 )
 
 
-class Status(enum.Enum):
+class TrajectoryStatus(enum.Enum):
     """How a trajectory ended; the values match ``ragr1.v1.TrajectoryStatus``."""
 
     RUNNING = 0
@@ -148,7 +148,7 @@ class Trajectory:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     # The response as text, piece by piece, with who wrote each piece.
     spans: list[Span] = dataclasses.field(default_factory=list)
-    status: Status = Status.RUNNING
+    status: TrajectoryStatus = TrajectoryStatus.RUNNING
     error: str = ""
     num_turns: int = 0
     retrieval_rounds: int = 0
@@ -166,7 +166,7 @@ class Trajectory:
 
     @property
     def live(self) -> bool:
-        return self.status is Status.RUNNING
+        return self.status is TrajectoryStatus.RUNNING
 
     def add_generated(self, ids: Sequence[int], logprobs: Sequence[float], text: str) -> None:
         self.response_ids += ids
@@ -180,7 +180,7 @@ class Trajectory:
         self.logprobs += [0.0] * len(ids)
         self.spans.append(Span(text, kind))
 
-    def end(self, status: Status, error: str = "") -> None:
+    def end(self, status: TrajectoryStatus, error: str = "") -> None:
         self.status, self.error = status, error
 
 
@@ -237,7 +237,7 @@ class AgentLoop:
             if should_abort():
                 for t in trajectories:
                     if t.live:
-                        t.end(Status.ABORTED, "aborted by a weight update")
+                        t.end(TrajectoryStatus.ABORTED, "aborted by a weight update")
                 break
             live = [t for t in trajectories if t.live and self._has_room(t)]
             if not live:
@@ -249,7 +249,7 @@ class AgentLoop:
 
     def _has_room(self, t: Trajectory) -> bool:
         if t.length >= self.config.max_model_len:
-            t.end(Status.TRUNCATED, f"context reached max_model_len={self.config.max_model_len}")
+            t.end(TrajectoryStatus.TRUNCATED, f"context reached max_model_len={self.config.max_model_len}")
             return False
         return True
 
@@ -284,7 +284,7 @@ class AgentLoop:
             if t.first_token_seconds is None:
                 t.first_token_seconds = generation.first_token_seconds
             if generation.finish_reason == "abort":
-                t.end(Status.ABORTED, "generation aborted by a weight update")
+                t.end(TrajectoryStatus.ABORTED, "generation aborted by a weight update")
                 continue
             action = grammar.parse_action(
                 text,
@@ -293,9 +293,9 @@ class AgentLoop:
                 max_queries=cfg.max_queries_per_search,
             )
             if action.kind == "answer":
-                t.end(Status.ANSWERED)
+                t.end(TrajectoryStatus.ANSWERED)
             elif self._final(t, turn):
-                t.end(Status.NO_ANSWER, f"no <answer> after {t.num_turns} turns")
+                t.end(TrajectoryStatus.NO_ANSWER, f"no <answer> after {t.num_turns} turns")
             elif action.kind == "search":
                 searches.append((t, action))
             else:
@@ -306,7 +306,7 @@ class AgentLoop:
     def _insert(self, t: Trajectory, ids: list[int], text: str, kind: SpanKind) -> None:
         """Appends system text, or ends the trajectory as truncated if it does not fit."""
         if t.length + len(ids) > self.config.max_model_len:
-            t.end(Status.TRUNCATED, f"inserted text would pass max_model_len={self.config.max_model_len}")
+            t.end(TrajectoryStatus.TRUNCATED, f"inserted text would pass max_model_len={self.config.max_model_len}")
             return
         t.add_inserted(ids, text, kind)
 
@@ -331,7 +331,7 @@ class AgentLoop:
             )
             for t, _ in searches:
                 t.retrieval_seconds += elapsed
-                t.end(Status.RETRIEVAL_ERROR, reason)
+                t.end(TrajectoryStatus.RETRIEVAL_ERROR, reason)
             return
         elapsed = time.perf_counter() - start
         offset = 0

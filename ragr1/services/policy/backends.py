@@ -42,8 +42,9 @@ class RetrieverSearch:
         await self.client.close()
 
 
-class RewardScorer:
-    """Batched scoring through ``Reward.Score``."""
+class RewardServiceScorer:
+    """The loop's ``Scorer`` over the reward service: batched scoring through ``Reward.Score`` (the reward
+    core itself is ``reward.scoring.RewardScorer``)."""
 
     def __init__(self, address: str, *, timeout: float = 60.0, options: ChannelOptions | None = None) -> None:
         self.address = address

@@ -12,7 +12,7 @@ from ragr1.agent.prompts import Tokenizer
 from ragr1.models import policy_checkpoint
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
-from ragr1.services.policy.backends import RetrieverSearch, RewardScorer
+from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.runtime import Limits, Policy
@@ -47,7 +47,7 @@ async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> 
             raise EngineDied(f"{type(exc).__name__}: {exc}") from exc
 
 
-def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardScorer) -> RolloutWorker:
+def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer) -> RolloutWorker:
     client = config.redis_client()
     # Deployments set a stable name per replica (see PolicyConfig.worker_name); host-pid is unique
     # but changes with every restart.
@@ -90,7 +90,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         timeout=config.retrieval_timeout_seconds,
         dedup_within_group=config.dedup_within_group,
     )
-    scorer = RewardScorer(config.reward_address) if config.reward_address else None
+    scorer = RewardServiceScorer(config.reward_address) if config.reward_address else None
     policy = Policy(
         engine,
         tokenizer,

@@ -17,7 +17,7 @@ from typing import Any
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.streams import Delivery, StreamQueue
 from ragr1.services.policy import metrics
-from ragr1.services.policy.agent import Sampling, Status
+from ragr1.services.policy.agent import Sampling, TrajectoryStatus
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
 from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
-RETRY = {Status.RETRIEVAL_ERROR: "retrieval_error", Status.ABORTED: "aborted"}
+RETRY = {TrajectoryStatus.RETRIEVAL_ERROR: "retrieval_error", TrajectoryStatus.ABORTED: "aborted"}
 
 
 class RolloutWorker:

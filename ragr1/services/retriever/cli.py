@@ -11,8 +11,8 @@ from ragr1.services.retriever.config import BuildConfig, IngestConfig, PlanConfi
 
 
 def _ingest(config: IngestConfig) -> int:
-    from ragr1.data import corpus_path
     from ragr1.services.retriever.corpus import read_corpus, write_store
+    from ragr1.shipped import corpus_path
 
     inputs = [Path(p) for p in config.input] or [corpus_path()]
     store = write_store(read_corpus(inputs, config.format, config.words, config.limit), Path(config.out))
@@ -59,10 +59,10 @@ def _plan(config: PlanConfig) -> int:
     if not config.store:
         print("recall of the compressed types: pass --store (e.g. of the shipped corpus) to measure it")
         return 0
-    from ragr1.data import all_questions
     from ragr1.services.retriever.build import embed_store, embeddings_cache_dir
     from ragr1.services.retriever.corpus import PassageStore
     from ragr1.services.retriever.encoder import Encoder
+    from ragr1.shipped import all_questions
 
     store = PassageStore(Path(config.store))
     settings = config.encoder_settings()

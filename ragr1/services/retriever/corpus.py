@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ragr1.data import read_jsonl
+from ragr1.shipped import read_jsonl
 
 PASSAGES_FILE = "passages.jsonl"
 OFFSETS_FILE = "offsets.npy"

@@ -238,7 +238,7 @@ def export_onnx(settings: EncoderSettings, out_dir: Path) -> Path:
 
 def ensure_export(settings: EncoderSettings, cache: Path | None = None) -> Path:
     """The cached export of ``settings``' model (made on first use, written whole or not at all)."""
-    from ragr1.data import cache_dir
+    from ragr1.shipped import cache_dir
 
     root = Path(cache or cache_dir() / "encoders")
     target = root / f"{settings.backend}-{settings.export_key()}"

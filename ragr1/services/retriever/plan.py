@@ -66,9 +66,9 @@ def scaled_rate(rate: float, measured_model: str, model: str) -> float:
 def measure_encode_rate(backend: str, passages: int = 128, words: int = 100) -> float:
     """Passages/s of the shipped MiniLM on this machine (all cores), on shipped passages cut to
     ``words`` words: Wikipedia's 100-word passages are shorter than the shipped paragraphs."""
-    from ragr1.data import corpus_path
     from ragr1.services.retriever.corpus import read_corpus
     from ragr1.services.retriever.encoder import DEFAULT_ENCODER, Encoder, preset
+    from ragr1.shipped import corpus_path
 
     texts = []
     for record in read_corpus([corpus_path()], limit=passages):

@@ -19,7 +19,7 @@ from typing import Any
 from ragr1.agent.information import InformationFormat
 from ragr1.agent.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
 from ragr1.agent.sft import Piece, SupportedQuestion, trajectory
-from ragr1.data import read_jsonl_numbered, record_source
+from ragr1.shipped import read_jsonl_numbered, record_source
 from ragr1.v1 import common_pb2
 
 ABILITY = "fact-reasoning"
@@ -183,7 +183,7 @@ def load_tasks(path: Path, mode: str | int, limit: int | None = None) -> list[co
 
 
 def load_supported_questions(path: Path, limit: int | None = None) -> list[SupportedQuestion]:
-    """Questions of ``ragr1.data.train_path(...)`` files with their supporting paragraphs."""
+    """Questions of ``ragr1.shipped.train_path(...)`` files with their supporting paragraphs."""
     out = []
     for lineno, record in read_jsonl_numbered(path, limit):
         where = f"{path}:{lineno}"

@@ -127,7 +127,7 @@ class LoopSettings:
 
 
 @dataclasses.dataclass
-class Status:
+class TrainerStatus:
     """What ``Trainer.Status`` reports; the loop updates it, the servicer reads it."""
 
     stage: str = "idle"
@@ -241,7 +241,7 @@ class PPOLoop:
         checkpoints: Checkpointer,
         steps: StepLog,
         publisher: Publisher | None = None,
-        status: Status | None = None,
+        status: TrainerStatus | None = None,
     ) -> None:
         if not tasks:
             raise ValueError("no prompts to train on")
@@ -252,7 +252,7 @@ class PPOLoop:
         self.checkpoints = checkpoints
         self.steps = steps
         self.publisher = publisher
-        self.status = status or Status()
+        self.status = status or TrainerStatus()
         self.version = settings.start_version
         self.trained: set[str] = set()
         self.trained_order: list[str] = []

@@ -7,13 +7,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ragr1 import data as shipped
+from ragr1 import shipped
 from ragr1.models import policy_checkpoint
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
-from ragr1.services.trainer.loop import LoopSettings, PPOLoop, Status, Updater
+from ragr1.services.trainer.loop import LoopSettings, PPOLoop, TrainerStatus, Updater
 from ragr1.services.trainer.model import init_torch, training_device
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
@@ -38,7 +38,7 @@ def place(config: PPOConfig) -> Callable[[], Updater]:
     return lambda: PPOUpdater.build(config, policy_checkpoint(config.model), device)
 
 
-def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
+def build_loop(config: PPOConfig, status: TrainerStatus | None = None) -> PPOLoop:
     """Everything checked before any training: the device, the prompts file, Redis, that the policy
     replicas take the trainer's credentials (before the model loads: a refusal costs seconds), the model."""
     build_updater = place(config)
@@ -83,7 +83,7 @@ def build_loop(config: PPOConfig, status: Status | None = None) -> PPOLoop:
 async def build_server(config: PPOConfig) -> GrpcServer:
     """The loop built (see ``build_loop``) with ``Trainer.Status`` and the metrics served beside it; the
     training runs in a thread beside the server, and the server stops when it ends."""
-    status = Status()
+    status = TrainerStatus()
     loop = build_loop(config, status)
     server = GrpcServer(config, "trainer")
     server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status))

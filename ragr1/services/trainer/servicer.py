@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragr1.services.trainer.loop import Status
+from ragr1.services.trainer.loop import TrainerStatus
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
-    def __init__(self, status: Status) -> None:
+    def __init__(self, status: TrainerStatus) -> None:
         self.status = status
 
     def Status(self, request: trainer_pb2.StatusRequest, context: Any) -> trainer_pb2.StatusResponse:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ragr1 import data as shipped
+from ragr1 import shipped
 from ragr1.agent.information import InformationFormat
 from ragr1.models import policy_checkpoint
 from ragr1.services.trainer import data, ppo

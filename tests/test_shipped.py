@@ -6,9 +6,9 @@ import gzip
 import json
 from pathlib import Path
 
-from ragr1.data import read_jsonl, train_path
 from ragr1.services.trainer.config import InformationSettings
 from ragr1.services.trainer.data import load_qa_tasks
+from ragr1.shipped import read_jsonl, train_path
 from ragr1.stack.evaluate import load_questions
 from ragr1.stack.prepare import prepare
 
