@@ -114,6 +114,9 @@ class PolicyConfig(ServerConfig, QueueConfig):
     def default_sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens_per_turn)
 
+    def limits(self) -> Limits:
+        return Limits(self.max_batch, self.max_question_chars)
+
     def in_flight_policy(self) -> InFlight:
         try:
             return InFlight[self.in_flight.upper()]

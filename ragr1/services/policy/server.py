@@ -15,7 +15,7 @@ from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
-from ragr1.services.policy.runtime import Limits, Policy
+from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
@@ -98,7 +98,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         config.loop_config(),
         model_dir=path,
         default_sampling=config.default_sampling(),
-        limits=Limits(config.max_batch, config.max_question_chars),
+        limits=config.limits(),
         in_flight=config.in_flight_policy(),
     )
     server = GrpcServer(config, "policy")
