@@ -96,6 +96,7 @@ class Chaos:
             Fault("worker paused past the reclaim time", at_version=4),
             Fault("worker killed", at_version=5),
             Fault("redis killed", at_version=6),
+            Fault("push killed half-way through the load", at_version=7),
         ]
         self._paused_at: float | None = None
         self._trainer_pid: int | None = None
@@ -223,6 +224,47 @@ class Chaos:
         fault.done = True
         print(f"chaos: policy-0 back and serving v{served}", flush=True)
 
+    def _push(self, fault: Fault) -> None:
+        """policy-1 SIGKILLed while it loads pushed weights (after its "weights vN: loading" log line, before
+        "serving"); done once the running trainer has sent the restarted replica (back at version 0) the
+        current version. Not the last push: after it the trainer stops, with no one left to resync."""
+        worker = self.proc("policy-1")
+        if not fault.detail:
+            if not worker.alive():
+                return
+            # A load of the 135M model takes about half a second: watch the log closely for up to 30 s.
+            log, deadline = worker.log_path, time.monotonic() + 30
+            offset = log.stat().st_size
+            while time.monotonic() < deadline:
+                text = log.read_text(errors="replace")[offset:]
+                loading = re.search(r"weights v(\d+): loading", text)
+                if loading and int(loading[1]) < self.updates and f"weights v{loading[1]}: serving" not in text:
+                    worker.signal(signal.SIGKILL)
+                    fault.detail.update(version=int(loading[1]), killed_at=time.monotonic(),
+                                        trainer_pid=self._trainer_pid, offset=offset)
+                    print(f"chaos: policy-1 SIGKILLed while loading v{loading[1]}", flush=True)
+                    return
+                time.sleep(0.01)
+            return
+        if "killed_mid_load" not in fault.detail:
+            # The log of the killed process, up to its restart: the load it began never finished.
+            text = worker.log_path.read_text(errors="replace")[fault.detail.pop("offset"):]
+            before_restart = text.split("READY policy ", 1)[0]
+            fault.detail["killed_mid_load"] = f"weights v{fault.detail['version']}: serving" not in before_restart
+        target = next(spec.target for spec in self.s.specs if spec.name == "policy-1")
+        try:
+            with PolicyClient(target, self.options) as client:
+                served = client.weight_version(timeout=5).version
+        except grpc.RpcError:
+            return  # still starting
+        fault.detail.setdefault("back_at_version", served)
+        if served < self.version():
+            return
+        fault.detail.update(caught_up_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1),
+                            serves=served, same_trainer=fault.detail.pop("trainer_pid") == self._trainer_pid)
+        fault.done = True
+        print(f"chaos: policy-1 back and serving v{served}", flush=True)
+
     def _redis(self, fault: Fault) -> None:
         """Killed while the trainer runs; done once the same trainer process has trained another update."""
         assert self.s.redis is not None
@@ -340,7 +382,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     restarts = {name: info["restarts"] for name, info in supervisor.endpoints()["services"].items()}
     restarts["redis"] = supervisor.endpoints()["redis_restarts"]
     expected_restarts = {name: 0 for name in restarts} | {
-        "trainer": len(chaos.trainer_kills), "policy-0": 1, "retriever-shard-1": 1, "redis": 1}
+        "trainer": len(chaos.trainer_kills), "policy-0": 1, "policy-1": 1, "retriever-shard-1": 1, "redis": 1}
     checks = {
         f"the run reached version {updates}": int(latest[1]["version"]) == updates,
         "no rollout id trained twice": len(trained) == len(set(trained)),
@@ -364,6 +406,9 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "every replica serves the last version": set(served.values()) == {updates},
         "the trainer rode out the Redis restart (same process, next update)":
             chaos.faults[3].detail.get("same_trainer") is True,
+        "a replica killed half-way through a weight load was sent the current version by the running trainer":
+            chaos.faults[4].detail.get("killed_mid_load") is True
+            and chaos.faults[4].detail.get("same_trainer") is True,
     }
     return {
         "checks": checks,

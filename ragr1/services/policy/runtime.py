@@ -7,6 +7,7 @@ Everything the servicer and the rollout worker call; no gRPC here. Errors are
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +28,8 @@ from ragr1.services.policy.agent import (
     Trajectory,
 )
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
+
+log = logging.getLogger(__name__)
 
 
 class ReloadableEngine(Engine, Protocol):
@@ -161,19 +164,23 @@ class Policy:
         A refused or failed update raises with the reason, and the old weights keep serving.
         """
         start = time.perf_counter()
+
+        async def load() -> None:
+            # Operators (and make test-faults) see when a load runs: a process that dies between these two
+            # lines restarts at version 0, and the trainer sends it the current version again.
+            log.info("weights v%d: loading %s", version, path)
+            await self.engine.reload_weights(path)
+
         try:
             path = check_checkpoint(self.model_dir, checkpoint_path)
             await self.gate.update(
-                version,
-                checkpoint_path,
-                lambda: self.engine.reload_weights(path),
-                in_flight=in_flight or self.in_flight,
-                abort=self.engine.abort_all,
+                version, checkpoint_path, load, in_flight=in_flight or self.in_flight, abort=self.engine.abort_all
             )
         except Exception:
             metrics.WEIGHT_UPDATE_FAILURES.inc()
             raise
         seconds = time.perf_counter() - start
+        log.info("weights v%d: serving (update %.1f s)", version, seconds)
         metrics.WEIGHT_UPDATE.observe(seconds)
         metrics.WEIGHT_VERSION.set(version)
         return seconds
