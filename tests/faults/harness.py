@@ -494,7 +494,7 @@ def engine_processes() -> set[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--updates", type=int, default=10)
+    parser.add_argument("--updates", type=int, default=14)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", default="")
     parser.add_argument("--base-port", type=int, default=24000)

@@ -8,6 +8,7 @@ The last test kills the engine, so it stays last.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import json
@@ -33,7 +34,7 @@ from ragr1.services.common.client import ChannelOptions, HealthClient
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer, free_port
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
-from ragr1.services.policy.client import PolicyClient
+from ragr1.services.policy.client import AsyncPolicyClient, PolicyClient
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.v1 import common_pb2, policy_pb2
 from tests.common import fuzz
@@ -394,6 +395,23 @@ def test_hostile_requests_to_every_rpc_get_defined_answers(client: PolicyClient,
 def test_the_policy_serves_after_the_fuzzing(client: PolicyClient) -> None:
     assert client.health()
     assert client.generate(["Say yes."], common_pb2.SamplingParams(max_tokens=4)).completions
+
+
+def test_the_async_client_calls_the_same_rpcs_concurrently(policy: PolicyServer, client: PolicyClient) -> None:
+    """``AsyncPolicyClient`` (for asyncio callers such as RL frameworks) over TLS with the token: the same
+    answers as the sync client, two generations in flight at once."""
+
+    async def calls() -> tuple[int, list[policy_pb2.GenerateResponse], bool]:
+        async with AsyncPolicyClient(policy.process.target, policy.options()) as aclient:
+            sampling = common_pb2.SamplingParams(max_tokens=4, temperature=0.0)
+            version = (await aclient.weight_version()).version
+            replies = await asyncio.gather(*(aclient.generate([p], sampling) for p in ("Say yes.", "Say no.")))
+            return version, list(replies), await aclient.health(service="ragr1.v1.Policy")
+
+    version, replies, healthy = asyncio.run(calls())
+    assert version == client.weight_version().version and healthy
+    assert [len(r.completions) for r in replies] == [1, 1]
+    assert all(r.completions[0].token_ids for r in replies)
 
 
 def test_a_dead_engine_turns_the_policy_not_serving_and_stops_it(policy: PolicyServer) -> None:
