@@ -276,8 +276,8 @@ class GrpcServer:
         self._jobs.append(_Job(job, name, stop, stop_seconds))
 
     def on_stop(self, cleanup: Callable[[], Awaitable[None]]) -> None:
-        """Runs after the server stopped taking calls, before the jobs still running are cancelled, in
-        the order added: stop a worker gracefully first, then close the clients it used."""
+        """Runs after the server stopped taking calls and the jobs with a stop hook have finished (or run
+        out of time), before the others are cancelled; in the order added (close clients, then the engine)."""
         self._cleanups.append(cleanup)
 
     def _credentials(self) -> grpc.ServerCredentials | None:
