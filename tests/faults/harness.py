@@ -210,7 +210,11 @@ class Chaos:
             fault.detail.update(held=held, killed_at=time.monotonic(), trainer_pid=self._trainer_pid)
             print(f"chaos: policy-0 SIGKILLed holding {len(held)} prompts", flush=True)
             return
-        target = next(spec.target for spec in self.s.specs if spec.name == "policy-0")
+        self._caught_up(fault, "policy-0")
+
+    def _caught_up(self, fault: Fault, name: str) -> None:
+        """Done once the restarted replica ``name`` (back at version 0) serves the trainer's current version."""
+        target = next(spec.target for spec in self.s.specs if spec.name == name)
         try:
             with PolicyClient(target, self.options) as client:
                 served = client.weight_version(timeout=5).version
@@ -222,7 +226,7 @@ class Chaos:
         fault.detail.update(caught_up_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1),
                             serves=served, same_trainer=fault.detail.pop("trainer_pid") == self._trainer_pid)
         fault.done = True
-        print(f"chaos: policy-0 back and serving v{served}", flush=True)
+        print(f"chaos: {name} back and serving v{served}", flush=True)
 
     def _push(self, fault: Fault) -> None:
         """policy-1 SIGKILLed while it loads pushed weights (after its "weights vN: loading" log line, before
@@ -251,19 +255,7 @@ class Chaos:
             text = worker.log_path.read_text(errors="replace")[fault.detail.pop("offset"):]
             before_restart = text.split("READY policy ", 1)[0]
             fault.detail["killed_mid_load"] = f"weights v{fault.detail['version']}: serving" not in before_restart
-        target = next(spec.target for spec in self.s.specs if spec.name == "policy-1")
-        try:
-            with PolicyClient(target, self.options) as client:
-                served = client.weight_version(timeout=5).version
-        except grpc.RpcError:
-            return  # still starting
-        fault.detail.setdefault("back_at_version", served)
-        if served < self.version():
-            return
-        fault.detail.update(caught_up_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1),
-                            serves=served, same_trainer=fault.detail.pop("trainer_pid") == self._trainer_pid)
-        fault.done = True
-        print(f"chaos: policy-1 back and serving v{served}", flush=True)
+        self._caught_up(fault, "policy-1")
 
     def _redis(self, fault: Fault) -> None:
         """Killed while the trainer runs; done once the same trainer process has trained another update."""
