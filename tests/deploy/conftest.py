@@ -7,14 +7,24 @@ import re
 import shlex
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import helm_python
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ragr1"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm_python.Chart]:
+    """The chart, loaded by Helm's own library."""
+    loaded = helm_python.Chart.load(CHART)
+    yield loaded
+    loaded.close()
 
 
 def load_dashboard_generator() -> ModuleType:

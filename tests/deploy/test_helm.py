@@ -33,13 +33,6 @@ SERVERS = {"retriever-shard": ports.RETRIEVER_SHARD, "retriever": ports.RETRIEVE
            "policy": ports.POLICY, "trainer": ports.TRAINER}
 
 
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    loaded = helm_python.Chart.load(CHART)
-    yield loaded
-    loaded.close()
-
-
 def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
     for (kind, name), obj in objects.items():
         if kind in ("Deployment", "StatefulSet", "Job"):

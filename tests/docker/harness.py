@@ -1,5 +1,6 @@
 """`make test-docker`: the CPU image built and the compose stack run under a real Docker engine, then
-checked the way a user would check it; once as docker-compose.yml is, once with auth on.
+checked the way a user would check it; once as docker-compose.yml is, once with auth on (the auth
+overlay, and Redis over TLS with client certificates: docker-compose.tls.yml).
 
     .venv/bin/python -m tests.docker.harness [--modes plain,auth] [--keep-going]
 
@@ -18,7 +19,7 @@ checked the way a user would check it; once as docker-compose.yml is, once with 
    container healthy (the index job exited 0) and none restarted; `curl` to the router's /retrieve
    returns passages; a gRPC client generated from proto/ alone calls the retriever through the
    published port (with auth on: refused without the token, answered with it; and Redis refuses a
-   client without its password); the trainer makes at least two PPO updates through Redis and the
+   client without its password, and one without TLS); the trainer makes at least two PPO updates through Redis and the
    policy's GetWeightVersion follows them; Prometheus reports every ragr1 target up and every dashboard
    query returns data; `down -v` leaves no container, volume or network of the project. Figures: image
    size, build times, the time from `up` to every container healthy, the trainer's peak memory.
@@ -42,6 +43,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.common.pki import write_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = Path(__file__).resolve().parent / "images"
@@ -434,12 +437,18 @@ def check_generated_client(token: str) -> None:
 
 
 def check_redis_refuses(compose: list[str], env: dict[str, str]) -> None:
-    """Redis with the auth overlay: a client without the password is refused (the workers and the trainer,
-    which read it from their secret, are what makes the updates further on)."""
-    out = run([*compose, "exec", "-T", "redis", "redis-cli", "xlen", "prompts"], env=env, check=False)
+    """Redis with the auth and TLS overlays: a client with the TLS files but without the password is
+    refused, and so is a plaintext client (the workers and the trainer, which read the password and the
+    TLS files from their secrets, are what makes the updates further on)."""
+    cli = ["exec", "-T", "redis", "sh", "-c"]
+    out = run([*compose, *cli, "redis-cli $RAGR1_REDIS_CLI_TLS xlen prompts"], env=env, check=False)
     if "NOAUTH" not in out.stdout + out.stderr:
-        raise Failed(f"Redis answered a client without its password: {out.stdout.strip()!r}")
-    say("ok: Redis refused a client without its password (NOAUTH)")
+        raise Failed(f"Redis over TLS answered a client without its password: {(out.stdout + out.stderr).strip()!r}")
+    plain = 'REDISCLI_AUTH="$(cat /run/secrets/ragr1-redis-password)" redis-cli xlen prompts'
+    out = run([*compose, *cli, plain], env=env, check=False)
+    if out.stdout.strip().isdigit():
+        raise Failed(f"Redis answered a plaintext client: {out.stdout.strip()!r}")
+    say("ok: Redis refused a client without its password (NOAUTH) and a plaintext one (TLS only)")
 
 
 def check_failure_drills(compose: list[str], env: dict[str, str], token: str) -> None:
@@ -563,7 +572,8 @@ def show_logs(compose: list[str], env: dict[str, str]) -> None:
 
 
 def run_stack(compose_base: list[str], mode: str, images: dict[str, str], keep: bool) -> dict[str, Any]:
-    files = ["-f", "docker-compose.yml"] + (["-f", "docker-compose.auth.yml"] if mode == "auth" else [])
+    overlays = ["docker-compose.auth.yml", "docker-compose.tls.yml"] if mode == "auth" else []
+    files = [arg for name in ["docker-compose.yml", *overlays] for arg in ("-f", name)]
     compose = [*compose_base, "-p", PROJECT, "--project-directory", str(ROOT), *files]
     env = {**os.environ, **images, "RAGR1_IMAGE": IMAGE, "RAGR1_INDEX_PASSAGES": str(INDEX_PASSAGES)}
     token = ""
@@ -576,6 +586,14 @@ def run_stack(compose_base: list[str], mode: str, images: dict[str, str], keep: 
         (secrets / "redis-password").write_text(os.urandom(24).hex() + "\n")
         (secrets / "redis-password").chmod(0o644)
         env["RAGR1_REDIS_SECRET_FILE"] = str(secrets / "redis-password")
+        # What docker-compose.tls.yml asks for: a CA and a certificate for "redis", signed by it.
+        tls = secrets / "redis-tls"
+        tls.mkdir()
+        pki = write_pki(tls, names=["redis"])
+        for source, name in (("ca", "ca.crt"), ("server_cert", "tls.crt"), ("server_key", "tls.key")):
+            shutil.copy(pki[source], tls / name)
+            (tls / name).chmod(0o644)  # read by Redis's user and uid 10001 in the containers
+        env["RAGR1_REDIS_TLS_DIR"] = str(tls)
     figures: dict[str, Any] = {"mode": mode}
     run([*compose, "down", "-v", "--remove-orphans"], env=env, timeout=600)
     try:

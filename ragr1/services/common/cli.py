@@ -13,7 +13,8 @@ from ragr1.services.common.redis_server import RedisConfig, RedisServer
 
 def _run_redis(config: RedisConfig) -> int:
     data_dir = Path(config.aof_dir) if config.aof_dir else None
-    server = RedisServer(port=config.port, host=config.host, data_dir=data_dir).start()
+    server = RedisServer(port=config.port, host=config.host, data_dir=data_dir, password=config.password(),
+                         tls=config.tls()).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"READY redis {server.url} (binary {server.binary}, data in {server.data_dir})", flush=True)

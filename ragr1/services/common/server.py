@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragr1.services.common import errors, ports
-from ragr1.services.common.config import Validated, read_secret, setting
+from ragr1.services.common.config import Validated, check_server_tls, read_secret, setting
 from ragr1.services.common.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS, SERVING, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,7 @@ class ServerConfig(Validated):
 
     def validate(self) -> None:
         super().validate()
-        if not (self.tls_cert_file or self.tls_key_file):
-            if self.tls_client_ca_file:
-                raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
-        elif not (self.tls_cert_file and self.tls_key_file):
-            raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+        check_server_tls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
         if self.grace_seconds < 0 or self.drain_seconds < 0:
             raise ValueError(
                 f"grace_seconds and drain_seconds must be >= 0, got {self.grace_seconds} and {self.drain_seconds}"

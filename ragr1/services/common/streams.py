@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import redis
@@ -65,21 +66,62 @@ RECONNECT_RETRIES = 12
 RECONNECT_CAP_SECONDS = 5.0
 
 
-def connect(url: str, password_file: str = "") -> redis.Redis:
+def _scheme(url: str) -> str:
+    # Only the scheme goes into a message: the rest of the URL may hold a password.
+    return url.split("://", 1)[0] + "://" if "://" in url else "no scheme"
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisTLS:
+    """A Redis client's TLS files (PEM); all optional: a ``rediss://`` URL alone trusts the system's CAs."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def _files(self) -> list[tuple[str, str, str]]:
+        """(setting, redis-py argument, path) of each file given."""
+        files = [("redis_ca_file", "ssl_ca_certs", self.ca_file), ("redis_cert_file", "ssl_certfile", self.cert_file),
+                 ("redis_key_file", "ssl_keyfile", self.key_file)]
+        return [file for file in files if file[2]]
+
+    def check(self, url: str) -> None:
+        """Raises ValueError naming the setting: files without a TLS URL (they would be ignored and the
+        queue's traffic sent in the clear), half a client certificate."""
+        given = [name for name, _, _ in self._files()]
+        if given and not url.startswith("rediss://"):
+            raise ValueError(f"{', '.join(given)} needs a rediss:// redis_url (TLS), got {_scheme(url)}")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("a Redis client certificate needs both redis_cert_file and redis_key_file")
+
+    def client_kwargs(self, url: str) -> dict[str, str]:
+        """redis-py's TLS arguments; a missing file is named here, not after 30 s of reconnecting."""
+        self.check(url)
+        for name, _, path in self._files():
+            if not Path(path).is_file():
+                raise ValueError(f"{name} {path}: no such file")
+        return {argument: path for _, argument, path in self._files()}
+
+
+def connect(url: str, password_file: str = "", tls: RedisTLS | None = None) -> redis.Redis:
     """A client for the queue's Redis that reconnects with backoff instead of failing at the first refused
     connection (redis-py's default here: no retry, so a Redis restart killed the trainer). A command whose
     reply was lost is sent again: every write of the queue is safe to repeat (ids de-duplicate), except
     the admission counters, which a lost reply at the wrong moment can leave a few rollouts off.
 
     ``password_file``: Redis AUTH with the password held there, which stays out of the URL, so out of
-    command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too."""
+    command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too.
+    ``tls``: the CA and client certificate for a ``rediss://`` URL (TLS; the server's name is checked)."""
     return redis.Redis.from_url(
         url,
         password=read_secret(password_file, "redis_password_file") if password_file else None,
         retry=Retry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
         socket_connect_timeout=5.0,
+        # No health_check_interval: its check retries inside the connect's retry, so a connection that
+        # fails after its handshake (a TLS client certificate refused) took 12 x 12 tries, minutes, to fail.
+        # A dead connection is found by keepalive or by the command itself, which is retried.
         socket_keepalive=True,
-        health_check_interval=30,
+        **(tls or RedisTLS()).client_kwargs(url),
     )
 
 
@@ -87,11 +129,21 @@ def connect(url: str, password_file: str = "") -> redis.Redis:
 class QueueConfig(Validated):
     """The settings of a service that uses the queue (the rollout workers, the trainer)."""
 
-    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams")
+    redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams (rediss:// for TLS)")
     redis_password_file: str = setting("", "file holding the Redis password (AUTH on if set)")
+    redis_ca_file: str = setting("", "PEM CA of the Redis server's certificate (with a rediss:// URL)")
+    redis_cert_file: str = setting("", "PEM client certificate, for a Redis that requires one")
+    redis_key_file: str = setting("", "PEM private key of redis_cert_file")
+
+    def validate(self) -> None:
+        super().validate()
+        self.redis_tls().check(self.redis_url)
+
+    def redis_tls(self) -> RedisTLS:
+        return RedisTLS(self.redis_ca_file, self.redis_cert_file, self.redis_key_file)
 
     def redis_client(self) -> redis.Redis:
-        return connect(self.redis_url, self.redis_password_file)
+        return connect(self.redis_url, self.redis_password_file, self.redis_tls())
 
 
 def _text(value: bytes | str) -> str:

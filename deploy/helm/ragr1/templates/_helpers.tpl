@@ -44,12 +44,21 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 {{- .Values.redis.existingSecret | default (include "ragr1.name" (list . "redis")) -}}
 {{- end -}}
 
-{{/* The Redis URL, with the password from the environment variable REDIS_PASSWORD (see ragr1.redisEnv). */}}
+{{/* The Redis URL, with the password from the environment variable REDIS_PASSWORD (see ragr1.redisEnv);
+rediss:// (TLS) when tls.enabled: the in-chart Redis then serves TLS only, with the chart's certificate. */}}
 {{- define "ragr1.redisUrl" -}}
 {{- if .Values.redis.enabled -}}
-{{- printf "redis://:$(REDIS_PASSWORD)@%s:6379/0" (include "ragr1.name" (list . "redis")) -}}
+{{- printf "%s://:$(REDIS_PASSWORD)@%s:6379/0" (ternary "rediss" "redis" .Values.tls.enabled) (include "ragr1.name" (list . "redis")) -}}
 {{- else -}}
 {{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Redis over TLS: the in-chart Redis with tls.enabled, or an external rediss:// one (whose certificate
+the chart's CA must then have signed). */}}
+{{- define "ragr1.redisTls" -}}
+{{- if and .Values.tls.enabled (or .Values.redis.enabled (hasPrefix "rediss://" .Values.redis.externalUrl)) -}}
+true
 {{- end -}}
 {{- end -}}
 
@@ -63,6 +72,16 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 {{- end }}
 - name: RAGR1_REDIS_URL
   value: {{ include "ragr1.redisUrl" . | quote }}
+{{- if include "ragr1.redisTls" . }}
+- name: RAGR1_REDIS_CA_FILE
+  value: /var/run/secrets/ragr1/tls/ca.crt
+{{- if .Values.tls.mutual }}
+- name: RAGR1_REDIS_CERT_FILE
+  value: /var/run/secrets/ragr1/tls/tls.crt
+- name: RAGR1_REDIS_KEY_FILE
+  value: /var/run/secrets/ragr1/tls/tls.key
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Environment every ragr1 container gets: listen address, drain time, auth and TLS for servers and clients. */}}
