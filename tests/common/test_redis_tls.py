@@ -72,7 +72,7 @@ def test_tls_settings_that_would_send_the_queue_in_the_clear_or_cannot_work_are_
         tmp_path: Path, pki: dict[str, Path]) -> None:
     """Each message names the setting; none shows the URL's password."""
     cases = {
-        "redis_ca_file needs a rediss:// redis_url (TLS), got redis://": dict(
+        "redis_ca_file: TLS files need a rediss:// redis_url, got redis://": dict(
             redis_url="redis://:hunter2@redis:6379/0", redis_ca_file=str(pki["ca"])),
         "a Redis client certificate needs both redis_cert_file and redis_key_file": dict(
             redis_url="rediss://redis:6379/0", redis_cert_file=str(pki["client_cert"])),

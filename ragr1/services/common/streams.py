@@ -90,7 +90,7 @@ class RedisTLS:
         queue's traffic sent in the clear), half a client certificate."""
         given = [name for name, _, _ in self._files()]
         if given and not url.startswith("rediss://"):
-            raise ValueError(f"{', '.join(given)} needs a rediss:// redis_url (TLS), got {_scheme(url)}")
+            raise ValueError(f"{', '.join(given)}: TLS files need a rediss:// redis_url, got {_scheme(url)}")
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("a Redis client certificate needs both redis_cert_file and redis_key_file")
 
