@@ -210,6 +210,12 @@ def test_a_passworded_redis_refuses_a_client_without_it_and_takes_the_password_f
         assert [d.message.id for d in queue.consume(1)] == [rollout(0).id]
         with pytest.raises(ValueError, match=f"redis_password_file {tmp_path / 'missing'}"):
             connect(server.url, str(tmp_path / "missing"))
+        # A wrong password is said at once, not retried like a Redis that is down (~30 s).
+        (tmp_path / "wrong").write_text("not it\n")
+        started = time.monotonic()
+        with pytest.raises(redis.AuthenticationError):
+            connect(server.url, str(tmp_path / "wrong")).xlen(PROMPTS)
+        assert time.monotonic() - started < 5
     finally:
         server.stop()
 

@@ -103,6 +103,27 @@ class RedisTLS:
         return {argument: path for _, argument, path in self._files()}
 
 
+class _Refused(Exception):
+    """Carries a refused password through redis-py's retry loop, which takes it for a connection error."""
+
+
+class _QueueRetry(Retry):
+    """Waits out a Redis that is down, but not one that refuses the password: redis-py's
+    AuthenticationError is a ConnectionError, so a wrong password was retried for ~30 s before anyone saw it."""
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def attempt() -> Any:
+            try:
+                return do()
+            except redis.AuthenticationError as exc:
+                raise _Refused() from exc
+
+        try:
+            return super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.__cause__ from None  # type: ignore[misc]
+
+
 def connect(url: str, password_file: str = "", tls: RedisTLS | None = None) -> redis.Redis:
     """A client for the queue's Redis that reconnects with backoff instead of failing at the first refused
     connection (redis-py's default here: no retry, so a Redis restart killed the trainer). A command whose
@@ -115,7 +136,7 @@ def connect(url: str, password_file: str = "", tls: RedisTLS | None = None) -> r
     return redis.Redis.from_url(
         url,
         password=read_secret(password_file, "redis_password_file") if password_file else None,
-        retry=Retry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
+        retry=_QueueRetry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
         socket_connect_timeout=5.0,
         # No health_check_interval: its check retries inside the connect's retry, so a connection that
         # fails after its handshake (a TLS client certificate refused) took 12 x 12 tries, minutes, to fail.
