@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from ragr1.services.common.config import load
-from ragr1.services.common.redis_server import RedisServer, RedisServerTLS, free_port
+from ragr1.services.common.redis_server import RedisConfig, RedisServer, RedisServerTLS, free_port
 from ragr1.services.common.streams import ROLLOUTS, QueueConfig, StreamQueue
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.v1 import common_pb2
@@ -81,6 +81,11 @@ def test_tls_settings_that_would_send_the_queue_in_the_clear_or_cannot_work_are_
         with pytest.raises(ValueError, match=re.escape(message)) as refused:
             QueueConfig(**settings)
         assert "hunter2" not in str(refused.value)
+    # ragr1 redis checks its TLS files as every gRPC server does (one ServerTLS).
+    with pytest.raises(ValueError, match=re.escape("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")):
+        RedisConfig(tls_client_ca_file=str(pki["ca"]))
+    with pytest.raises(ValueError, match="TLS needs both tls_cert_file and tls_key_file"):
+        RedisConfig(tls_cert_file=str(pki["server_cert"]))
     missing = QueueConfig(redis_url="rediss://redis:6379/0", redis_ca_file=str(tmp_path / "nowhere.pem"))
     with pytest.raises(ValueError, match=f"redis_ca_file {tmp_path / 'nowhere.pem'}: no such file"):
         missing.redis_client()

@@ -63,14 +63,21 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def check_server_tls(cert_file: str, key_file: str, client_ca_file: str) -> None:
-    """A server's TLS settings (``tls_cert_file``, ``tls_key_file``, ``tls_client_ca_file``): the certificate
-    and its key come together; requiring client certificates (mTLS) needs TLS."""
-    if not (cert_file or key_file):
-        if client_ca_file:
-            raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
-    elif not (cert_file and key_file):
-        raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+@dataclasses.dataclass
+class ServerTLS(Validated):
+    """A server's TLS settings, the same for every gRPC server and ``ragr1 redis``."""
+
+    tls_cert_file: str = setting("", "PEM server certificate; with tls_key_file turns TLS on")
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
+    tls_client_ca_file: str = setting("", "PEM CA of client certificates; set it to require them (mTLS)")
+
+    def validate(self) -> None:
+        super().validate()
+        if not (self.tls_cert_file or self.tls_key_file):
+            if self.tls_client_ca_file:
+                raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
+        elif not (self.tls_cert_file and self.tls_key_file):
+            raise ValueError("TLS needs both tls_cert_file and tls_key_file")
 
 
 def read_secret(path: str, what: str) -> str:

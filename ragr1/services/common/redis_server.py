@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_server_tls, read_secret, setting, write_secret
+from ragr1.services.common.config import ServerTLS, read_secret, setting, write_secret
 
 
 def find_redis_binary() -> str:
@@ -60,23 +60,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @dataclasses.dataclass
-class RedisConfig(Validated):
-    """``ragr1 redis``."""
+class RedisConfig(ServerTLS):
+    """``ragr1 redis``. With TLS on it takes TLS connections only (``rediss://``)."""
 
     port: int = setting(ports.REDIS, "port; 0 picks a free one")
     host: str = setting("127.0.0.1", "address to listen on")
     # Not data_dir: RAGR1_DATA_DIR already says where the shipped data is (ragr1/shipped.py).
     aof_dir: str = setting("", "keep the append-only file here; empty: a temporary directory, removed on stop")
     password_file: str = setting("", "file holding the password clients must give (AUTH on if set)")
-    tls_cert_file: str = setting("", "PEM server certificate; with tls_key_file: TLS only (rediss://)")
-    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
-    tls_client_ca_file: str = setting("", "PEM CA of client certificates; set it to require them (mTLS)")
 
     def validate(self) -> None:
         super().validate()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within [0, 65535], got {self.port}")
-        check_server_tls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
 
     def tls(self) -> RedisServerTLS | None:
         if not self.tls_cert_file:

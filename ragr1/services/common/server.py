@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragr1.services.common import errors, ports
-from ragr1.services.common.config import Validated, check_server_tls, read_secret, setting
+from ragr1.services.common.config import ServerTLS, read_secret, setting
 from ragr1.services.common.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS, SERVING, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def service_name(generated: type) -> str:
 
 
 @dataclasses.dataclass
-class ServerConfig(Validated):
+class ServerConfig(ServerTLS):
     """Settings every gRPC server has. Services subclass this and add their own."""
 
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 in containers)")
@@ -76,15 +76,11 @@ class ServerConfig(Validated):
     max_message_bytes: int = setting(DEFAULT_MAX_MESSAGE_BYTES, "largest gRPC message sent or received")
     grace_seconds: float = setting(10.0, "on SIGTERM, how long in-flight calls may take to finish")
     drain_seconds: float = setting(0.0, "on SIGTERM, how long health reports NOT_SERVING before stopping")
-    tls_cert_file: str = setting("", "PEM server certificate; with tls_key_file turns TLS on")
-    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
-    tls_client_ca_file: str = setting("", "PEM CA of client certificates; set it to require mTLS")
     auth_token_file: str = setting("", "file holding the bearer token clients must send (auth on if set)")
     log_level: str = setting("INFO", "logging level")
 
     def validate(self) -> None:
         super().validate()
-        check_server_tls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
         if self.grace_seconds < 0 or self.drain_seconds < 0:
             raise ValueError(
                 f"grace_seconds and drain_seconds must be >= 0, got {self.grace_seconds} and {self.drain_seconds}"
