@@ -203,3 +203,38 @@ def test_an_idle_router_splits_one_call_among_its_encoder_workers(
         assert sorted(sizes) == [2, 2]  # two idle workers, two queries each
         # int8 activations are scaled per batch: a rare near-tie may swap places, never more.
         assert all(len(set(a) & set(b)) >= 4 for a, b in zip(split, whole, strict=True))
+
+
+class SilentShard:
+    """A shard that is connected and never answers (a paused process), recording the time it was given."""
+
+    def __init__(self) -> None:
+        self.given: list[float] = []
+
+    async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list[list[Hit]]:
+        self.given.append(timeout)
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
+    index_dirs: dict[int, Path], encoder: Encoder
+) -> None:
+    async def run() -> tuple[SearchResult, float, SilentShard]:
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        silent = SilentShard()
+        router = Router(encoder, [LocalShard(searcher), silent], on_shard_failure="partial")
+        try:
+            started = asyncio.get_running_loop().time()
+            reply = await router.search(["Neil Peart"], 3, timeout=2.0)
+            return reply, asyncio.get_running_loop().time() - started, silent
+        finally:
+            await router.aclose()
+            await searcher.aclose()
+
+    reply, elapsed, silent = asyncio.run(run())
+    assert reply.partial and reply.missing_shards == (1,) and len(reply.results[0]) == 3
+    # 5% of the caller's 2 s is kept to merge and reply: the shards get at most 1.9 s of it, and the
+    # answer comes back with that margin to spare (the client, whose clock started earlier, still waits).
+    assert silent.given and max(silent.given) <= 1.9
+    assert elapsed < 2.0

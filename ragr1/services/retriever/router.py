@@ -111,7 +111,8 @@ class Router:
         limits: Limits | None = None,
         on_shard_failure: str = "unavailable",
         default_timeout_s: float = 10.0,
-        reply_margin_s: float = 0.02,
+        reply_margin: float = 0.05,
+        min_reply_margin_s: float = 0.02,
         embed_batch_rows: int = 256,
         embed_wait_s: float = 0.002,
         embed_workers: int = 1,
@@ -127,8 +128,11 @@ class Router:
         self.limits = limits or Limits()
         self.on_shard_failure = on_shard_failure
         self.default_timeout_s = default_timeout_s
-        # Time kept back from the caller's deadline to merge and send the answer.
-        self.reply_margin_s = reply_margin_s
+        # Share of the caller's deadline kept back to merge and send the answer after the shards'
+        # deadline: a fixed 20 ms was not enough on a busy 2-core host, where a partial answer (one
+        # shard paused) then reached the client after its deadline, as DEADLINE_EXCEEDED.
+        self.reply_margin = reply_margin
+        self.min_reply_margin_s = min_reply_margin_s
         self._cache = QueryCache(query_cache_size)
         # Queries being embedded now: the batch's future and the query's row in it.
         self._inflight: dict[str, tuple[asyncio.Future[np.ndarray], int]] = {}
@@ -209,7 +213,7 @@ class Router:
         metrics.QUERIES_PER_CALL.observe(len(queries))
         budget = self.default_timeout_s if timeout is None else min(timeout, self.default_timeout_s)
         started = time.perf_counter()
-        deadline = started + budget - self.reply_margin_s
+        deadline = started + budget - max(budget * self.reply_margin, self.min_reply_margin_s)
         try:
             embeddings = await asyncio.wait_for(self.embed(queries), max(deadline - time.perf_counter(), 0))
         except TimeoutError:
