@@ -72,7 +72,12 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
         tokenizer.save_pretrained(tmp)
         if force and target.exists():
             shutil.rmtree(target)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process (a parallel test worker) finished the same conversion first
+            if not (target / "config.json").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
