@@ -62,6 +62,15 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* Where the TLS certificates (tls.crt, tls.key, ca.crt) and the auth token are mounted in every pod. */}}
+{{- define "ragr1.tlsDir" -}}
+/var/run/secrets/ragr1/tls
+{{- end -}}
+
+{{- define "ragr1.authDir" -}}
+/var/run/secrets/ragr1/auth
+{{- end -}}
+
 {{- define "ragr1.redisEnv" -}}
 {{- if .Values.redis.enabled }}
 - name: REDIS_PASSWORD
@@ -74,12 +83,12 @@ true
   value: {{ include "ragr1.redisUrl" . | quote }}
 {{- if include "ragr1.redisTls" . }}
 - name: RAGR1_REDIS_CA_FILE
-  value: /var/run/secrets/ragr1/tls/ca.crt
+  value: {{ include "ragr1.tlsDir" . }}/ca.crt
 {{- if .Values.tls.mutual }}
 - name: RAGR1_REDIS_CERT_FILE
-  value: /var/run/secrets/ragr1/tls/tls.crt
+  value: {{ include "ragr1.tlsDir" . }}/tls.crt
 - name: RAGR1_REDIS_KEY_FILE
-  value: /var/run/secrets/ragr1/tls/tls.key
+  value: {{ include "ragr1.tlsDir" . }}/tls.key
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -92,24 +101,24 @@ true
   value: {{ .Values.drainSeconds | quote }}
 {{- if .Values.auth.enabled }}
 - name: RAGR1_AUTH_TOKEN_FILE
-  value: /var/run/secrets/ragr1/auth/token
+  value: {{ include "ragr1.authDir" . }}/token
 - name: RAGR1_CLIENT_TOKEN_FILE
-  value: /var/run/secrets/ragr1/auth/token
+  value: {{ include "ragr1.authDir" . }}/token
 {{- end }}
 {{- if .Values.tls.enabled }}
 - name: RAGR1_TLS_CERT_FILE
-  value: /var/run/secrets/ragr1/tls/tls.crt
+  value: {{ include "ragr1.tlsDir" . }}/tls.crt
 - name: RAGR1_TLS_KEY_FILE
-  value: /var/run/secrets/ragr1/tls/tls.key
+  value: {{ include "ragr1.tlsDir" . }}/tls.key
 - name: RAGR1_CLIENT_CA_FILE
-  value: /var/run/secrets/ragr1/tls/ca.crt
+  value: {{ include "ragr1.tlsDir" . }}/ca.crt
 {{- if .Values.tls.mutual }}
 - name: RAGR1_TLS_CLIENT_CA_FILE
-  value: /var/run/secrets/ragr1/tls/ca.crt
+  value: {{ include "ragr1.tlsDir" . }}/ca.crt
 - name: RAGR1_CLIENT_CERT_FILE
-  value: /var/run/secrets/ragr1/tls/tls.crt
+  value: {{ include "ragr1.tlsDir" . }}/tls.crt
 - name: RAGR1_CLIENT_KEY_FILE
-  value: /var/run/secrets/ragr1/tls/tls.key
+  value: {{ include "ragr1.tlsDir" . }}/tls.key
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -119,12 +128,12 @@ true
   mountPath: /tmp
 {{- if .Values.auth.enabled }}
 - name: auth
-  mountPath: /var/run/secrets/ragr1/auth
+  mountPath: {{ include "ragr1.authDir" . }}
   readOnly: true
 {{- end }}
 {{- if .Values.tls.enabled }}
 - name: tls
-  mountPath: /var/run/secrets/ragr1/tls
+  mountPath: {{ include "ragr1.tlsDir" . }}
   readOnly: true
 {{- end }}
 {{- end -}}
@@ -151,7 +160,7 @@ probe with the CA when the server speaks TLS (the native probe cannot). Call wit
 {{- $port := index . 1 -}}
 {{- $probe := dict "grpc" (dict "port" $port) -}}
 {{- if $root.Values.tls.enabled -}}
-{{- $probe = dict "exec" (dict "command" (list "python" "-m" "ragr1.services.common.healthcheck" (printf "localhost:%v" $port) "--ca-file" "/var/run/secrets/ragr1/tls/ca.crt")) -}}
+{{- $probe = dict "exec" (dict "command" (list "python" "-m" "ragr1.services.common.healthcheck" (printf "localhost:%v" $port) "--ca-file" (printf "%s/ca.crt" (include "ragr1.tlsDir" $root)))) -}}
 {{- end -}}
 startupProbe:
   {{- toYaml $probe | nindent 2 }}
