@@ -20,7 +20,7 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     result = subprocess.run(
         # The quick preset, smaller still (flags override a preset): this test is the suite's longest.
         [sys.executable, "-m", "ragr1", "demo", "--preset", "quick", "--eval-questions", "1",
-         "--train-questions", "2", "--base-port", str(base), "--run-dir", str(run_dir)],
+         "--train-questions", "1", "--base-port", str(base), "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

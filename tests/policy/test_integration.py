@@ -380,7 +380,7 @@ def test_a_trainer_without_the_token_stops_at_once_and_says_why(
     assert client.weight_version().version == current
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_hostile_requests_to_every_rpc_get_defined_answers(client: PolicyClient, data: st.DataObject) -> None:
     """Garbage, extreme and corrupted requests to every Policy RPC, over TLS with the token: answered in

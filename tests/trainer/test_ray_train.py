@@ -1,9 +1,10 @@
 """The Ray Train path: 2 CPU workers (gloo) on one worker group for the whole run take the same updates as
 1 process, through the queue loop on a real Redis, FSDP-sharded and as whole copies.
-Slow (~1 min each: Ray's start-up, once per run)."""
+Slow (~30 s each: the worker group's start-up, once per run; Ray itself starts once for the module)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,22 @@ def _assert_same(expected: dict[str, Any], got: dict[str, Any], start: dict[str,
         assert moved > 1e-4, f"the updates did not change the {model}; the comparison would be vacuous"
 
 
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding, lora_rank", [("fsdp", 4), ("replicate", 0)])
 def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
-    sharding: str, lora_rank: int, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+    sharding: str, lora_rank: int, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, ray_cluster: None
 ) -> None:
-    import ray
-
     # Mini-batches of 3 rows: 2 for one worker and 1 for the other, one row per micro-batch, so the
     # FSDP workers run unequal numbers of passes (the short one pads); a critic and a KL reference too.
     settings = tiny_settings(
@@ -64,32 +74,28 @@ def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
     start = single.state()
     expected = _train(redis_client, tiny_model_dir, tmp_path / "one", single)
     trained = single.state()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    torch.manual_seed(settings.seed)
+    workers = RayUpdater(settings, tiny_model_dir, num_workers=2, tmp_dir=tmp_path)
     try:
-        torch.manual_seed(settings.seed)
-        workers = RayUpdater(settings, tiny_model_dir, num_workers=2, tmp_dir=tmp_path)
-        try:
-            got = _train(redis_client, tiny_model_dir, tmp_path / "ray", workers)
-            _assert_same(trained, workers.state(), start)
-            # One worker group served the start state and every update: rank 0 is the same process.
-            assert workers.sharded == (sharding == "fsdp")
-            # A resume: the state after the first update (AdamW's moments included) loaded into the
-            # running workers, then the second batch again, must give the second update's weights.
-            checkpoints = tmp_path / "one" / "checkpoints"
-            after_first = Checkpointer(checkpoints).load_state(version_dir(checkpoints, 1))
-            assert after_first is not None and after_first["actor_optimizer"]["state"]
-            second = [to_sample(rollout) for rollout in _rollouts()[BATCH : 2 * BATCH]]
-            for updater in (single, workers):
-                updater.load_state(after_first)
-                updater.update(second)
-            _assert_same(single.state(), workers.state(), after_first)
-            # One worker group served the start state, every update and the resume: rank 0 is one process.
-            assert len(workers.worker_pids) == 1
-        finally:
-            workers.close()
-        assert not workers.group.thread.is_alive()
+        got = _train(redis_client, tiny_model_dir, tmp_path / "ray", workers)
+        _assert_same(trained, workers.state(), start)
+        # One worker group served the start state and every update: rank 0 is the same process.
+        assert workers.sharded == (sharding == "fsdp")
+        # A resume: the state after the first update (AdamW's moments included) loaded into the
+        # running workers, then the second batch again, must give the second update's weights.
+        checkpoints = tmp_path / "one" / "checkpoints"
+        after_first = Checkpointer(checkpoints).load_state(version_dir(checkpoints, 1))
+        assert after_first is not None and after_first["actor_optimizer"]["state"]
+        second = [to_sample(rollout) for rollout in _rollouts()[BATCH : 2 * BATCH]]
+        for updater in (single, workers):
+            updater.load_state(after_first)
+            updater.update(second)
+        _assert_same(single.state(), workers.state(), after_first)
+        # One worker group served the start state, every update and the resume: rank 0 is one process.
+        assert len(workers.worker_pids) == 1
     finally:
-        ray.shutdown()
+        workers.close()
+    assert not workers.group.thread.is_alive()
     assert [s["version"] for s in got] == [s["version"] for s in expected] == [1, 2, 3]
     for one, two in zip(expected, got, strict=True):
         assert one["actor_steps"] == two["actor_steps"] == 2
