@@ -74,7 +74,7 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
             shutil.rmtree(target)
         try:
             tmp.rename(target)
-        except OSError:  # another process (a parallel test worker) finished the same conversion first
+        except OSError:  # another process sharing the cache (two pods on one models volume) finished first
             if not (target / "config.json").exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
