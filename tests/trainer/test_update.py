@@ -1,5 +1,6 @@
 """The PPO update as RAG-R1 runs it, on the tiny model: clipped mini-batch steps, a critic that never
-moves the actor (nor the actor the critic), the k1 penalty in the rewards, warm-up, settings refused."""
+moves the actor (nor the actor the critic), the k1 penalty in the rewards (a k3 loss under GRPO), warm-up,
+settings refused."""
 
 from __future__ import annotations
 
@@ -78,10 +79,12 @@ def test_critic_and_actor_steps_never_touch_each_others_weights(tiny_model_dir: 
     assert not trainable & {id(p) for p in updater.critic.critic_parameters()}
 
 
-@pytest.mark.parametrize("kl_penalty", ["reward", "loss"])
+@pytest.mark.parametrize("kl_penalty", ["auto", "reward", "loss"])
 def test_k1_penalty_goes_into_the_rewards_by_default(tiny_model_dir: Path, kl_penalty: str) -> None:
     samples = on_policy_samples()
-    settings = tiny_settings(actor_lr=5e-2, kl_coef=0.5, kl_penalty=kl_penalty, whiten_advantages=False)
+    # As a loss the estimator would default to k3; k1 here, so that the KL stat is the same in every case.
+    kind = "k1" if kl_penalty == "loss" else "auto"
+    settings = tiny_settings(actor_lr=5e-2, kl_coef=0.5, kl_penalty=kl_penalty, kl_kind=kind, whiten_advantages=False)
     updater = PPOUpdater.build(settings, tiny_model_dir)
     updater.update(samples)  # the actor leaves its reference
     prepared = updater.prepare(samples)
@@ -92,7 +95,7 @@ def test_k1_penalty_goes_into_the_rewards_by_default(tiny_model_dir: Path, kl_pe
     assert prepared.stats["kl"] == pytest.approx(float(k1.sum() / mask.sum()), rel=1e-4)
     assert float(k1.abs().sum()) > 1e-3, "the actor did not move: the test would not see the penalty"
     score = prepared.scores[:, None]
-    if kl_penalty == "reward":
+    if kl_penalty != "loss":  # auto with GAE: RAG-R1's PPO
         # γ = λ = 1: the return at t is the score minus β × the k1 still to come.
         expected = (score - 0.5 * k1.flip(1).cumsum(1).flip(1)) * mask
         assert prepared.ref_logprobs is None
@@ -100,6 +103,22 @@ def test_k1_penalty_goes_into_the_rewards_by_default(tiny_model_dir: Path, kl_pe
         expected = score * mask
         assert prepared.ref_logprobs is not None
     assert torch.allclose(prepared.returns, expected, atol=1e-5)
+
+
+def test_grpo_keeps_the_kl_out_of_the_group_normalisation(tiny_model_dir: Path) -> None:
+    """A GRPO group whose samples all scored the same teaches nothing, however far the actor has moved from
+    its reference: the KL is a k3 loss term (verl's GRPO), not a part of the score the group is normalised by."""
+    settings = tiny_settings(advantage="grpo", actor_lr=5e-2, kl_coef=0.5)
+    assert (settings.kl_in_reward, settings.kl_estimator) == (False, "k3")
+    updater = PPOUpdater.build(settings, tiny_model_dir)
+    samples = on_policy_samples()
+    updater.update(samples)  # the actor leaves its reference
+    for sample in samples:
+        sample.score = 0.5
+    prepared = updater.prepare(samples)
+    assert prepared.stats["kl"] > 1e-4, "the actor did not move: the test would not see the KL"
+    assert prepared.ref_logprobs is not None
+    assert torch.count_nonzero(prepared.advantages) == 0
 
 
 def test_learning_rates_warm_up_over_a_share_of_max_updates(tiny_model_dir: Path) -> None:
@@ -125,6 +144,8 @@ def test_learning_rates_warm_up_over_a_share_of_max_updates(tiny_model_dir: Path
         ({"max_uniform_groups": -1}, "max_uniform_groups must be at least 0"),
         ({"kl_penalty": "advantage"}, "kl_penalty must be one of"),
         ({"kl_kind": "k2"}, "kl_kind must be one of"),
+        ({"advantage": "grpo", "samples_per_prompt": 2, "kl_penalty": "reward"},
+         "kl_penalty=reward with advantage=grpo: GRPO divides each group's summed rewards by their spread"),
         ({"sharding": "zero3"}, "sharding must be one of fsdp, replicate, got 'zero3'"),
         ({"actor_warmup_ratio": 1.5}, "actor_warmup_ratio must be within"),
         ({"micro_batch_tokens": -1}, "micro_batch_tokens must be at least 0"),

@@ -60,7 +60,7 @@ class Prepared:
     batch: Batch
     old_logprobs: torch.Tensor
     old_values: torch.Tensor | None
-    # Only with kl_penalty = "loss"; in the default the KL is already in the rewards.
+    # Only when the KL is a loss term (GRPO's default); PPO's default has it in the rewards already.
     ref_logprobs: torch.Tensor | None
     behaviour_logprobs: torch.Tensor | None
     advantages: torch.Tensor
@@ -231,7 +231,7 @@ class PPOUpdater:
         if s.kl_coef > 0:
             ref = self._no_grad(batch, self.actor.reference_logprobs)
             # verl's kl = old_log_prob - ref_log_prob, on generated tokens only.
-            kl = ppo.kl_penalty(old_logprobs, ref, s.kl_kind) * mask  # type: ignore[arg-type]
+            kl = ppo.kl_penalty(old_logprobs, ref, s.kl_estimator) * mask  # type: ignore[arg-type]
             stats["kl"] = float(ppo.masked_mean(kl, mask))
         behaviour = None
         if any(x.behaviour_logprobs is not None for x in samples):
@@ -242,7 +242,7 @@ class PPOUpdater:
             behaviour = torch.where(mask > 0, behaviour, old_logprobs)
             stats.update(self._sync_gap(samples, batch, old_logprobs, behaviour))
         scores = torch.tensor([x.score for x in samples], dtype=torch.float32)
-        in_reward = s.kl_penalty == "reward"
+        in_reward = s.kl_in_reward
         rewards = ppo.token_rewards(scores, mask, kl if in_reward else None, s.kl_coef)
         returns = old_values = None
         if self.critic is not None:
@@ -288,7 +288,7 @@ class PPOUpdater:
             tis_cap=s.tis_cap,
             ref_logprobs=pick(prepared.ref_logprobs),
             kl_coef=s.kl_coef,
-            kl_kind=s.kl_kind,  # type: ignore[arg-type]
+            kl_kind=s.kl_estimator,  # type: ignore[arg-type]
             denominator=denominator,
         )
 
