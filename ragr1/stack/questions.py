@@ -1,9 +1,9 @@
 """The demo's questions: held-out evaluation questions and disjoint training questions, whose supporting
 passages are all in the index the stack serves (so that retrieval can find them).
 
-Evaluation and SFT use multi-hop questions (HotpotQA, MuSiQue) by default; RL may add single-hop ones
-(PopQA's birthplaces), as RAG-R1 adds NQ, and the long preset evaluates on those too (held out), so that
-RL is measured on the distributions it trains on. No yes/no comparison questions and no
+``split_questions`` defaults to multi-hop questions (HotpotQA, MuSiQue); RL may add single-hop ones
+(PopQA's birthplaces), as RAG-R1 adds NQ, and the demo evaluates on PopQA's birthplaces and HotpotQA (held
+out), so that RL is measured on the distributions it trains on. No yes/no comparison questions and no
 ``CONSTANT_PRONE`` types: a constant answer must not be able to score."""
 
 from __future__ import annotations

@@ -190,6 +190,9 @@ def test_dynamic_sampling_skips_groups_of_equal_scores_up_to_the_cap(
     # A is skipped; G is uniform too but past the cap of one per update, so it is trained like any group.
     assert sorted(first["rollout_ids"]) == ["d1", "d2", "g1", "g2"]
     assert first["groups_skipped_uniform"] == 1
+    # The trained batch's mean leaves the skipped group out; the sampled mean (the learning curve) keeps it.
+    assert first["reward_total"] == pytest.approx(0.25)
+    assert first["reward_sampled"] == pytest.approx(3 / 6) and first["rollouts_sampled"] == 6
     assert loop.rollouts.is_done("a1") and loop.rollouts.is_done("a2")  # settled, not left pending
     after = REGISTRY.get_sample_value("ragr1_trainer_rollouts_total", {"outcome": "uniform_group"})
     assert after == skipped_before + 2
@@ -200,6 +203,7 @@ def test_dynamic_sampling_skips_groups_of_equal_scores_up_to_the_cap(
     second = loop.train_batch()
     assert sorted(second["rollout_ids"]) == ["h1", "h2", "m1", "m2"]
     assert second["groups_skipped_uniform"] == 1 and second["signal_total"] == 1.0
+    assert second["reward_sampled"] == pytest.approx((1.5 + 2) / 6)  # only this update's skipped group
     assert loop.rollouts.pending() == 0
 
 

@@ -70,6 +70,7 @@ REWARD_PARTS = ("total", "exact_match", "f1", "format", "process")
 SIGNAL_PARTS = ("total", "exact_match", "f1")
 CURVES = (
     "reward_total",
+    "reward_sampled",
     "reward_exact_match",
     "signal_total",
     "policy_loss",
@@ -279,6 +280,10 @@ class PPOLoop:
         self._warned_top_p = False
         self._queue_seconds = 0.0
         self._uniform_skipped = 0
+        # Total rewards of the groups dynamic sampling skipped since the last update: with them, the mean
+        # reward of everything the policy was sampled on, which is the curve that shows learning (the
+        # trained batch holds only groups with a spread, so its mean stays near the middle by design).
+        self._skipped_rewards: list[float] = []
         self._synced_at = time.monotonic()
 
     # -- state ----------------------------------------------------------------------------------
@@ -439,6 +444,7 @@ class PPOLoop:
             self._buffer = [d for d in self._buffer if id(d) not in skipped]
             self._settle(members)
             self._uniform_skipped += 1
+            self._skipped_rewards += scores
             metrics.ROLLOUTS.labels("uniform_group").inc(len(members))
             log.info("skipped a group of %d rollouts that all scored %.3f (dynamic sampling)", len(members), scores[0])
 
@@ -542,12 +548,16 @@ class PPOLoop:
                 "published": published,
                 "weight_sync_alarm": alarm,
                 "groups_skipped_uniform": self._uniform_skipped,
+                "reward_sampled": (sum(r.reward.total for r in rollouts) + sum(self._skipped_rewards))
+                / (len(rollouts) + len(self._skipped_rewards)),
+                "rollouts_sampled": len(rollouts) + len(self._skipped_rewards),
             }
         )
         if self.settings.trim_streams:
             record["trimmed"] = self.rollouts.trim() + self.prompts.trim()
         self._queue_seconds = 0.0
         self._uniform_skipped = 0
+        self._skipped_rewards = []
         self.steps.write(record)
         self._observe(record, served)
         return record
