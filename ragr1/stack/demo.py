@@ -406,7 +406,7 @@ class Demo:
                 print("groups skipped for equal scores (dynamic sampling), per update: "
                       + " ".join(str(s.get("groups_skipped_uniform", 0)) for s in rl_steps)
                       + "; mean reward of every sampled rollout, skipped groups included: "
-                      + " ".join(f"{s.get('reward_sampled', s['reward_total']):.3f}" for s in rl_steps), flush=True)
+                      + " ".join(f"{s['reward_sampled']:.3f}" for s in rl_steps), flush=True)
         print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)
         for g in gains:
             if g["mode"] != "none":

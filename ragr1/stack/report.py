@@ -91,8 +91,8 @@ def plot_training(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, A
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # A panel may draw several curves: the RL reward of the trained batch and, where dynamic sampling
-    # skipped groups, of everything sampled (the trained batch keeps only groups whose scores differ).
+    # A panel may draw several curves: the RL reward of the trained batch and of everything sampled (they
+    # differ where dynamic sampling skipped groups: the trained batch keeps only groups whose scores differ).
     panels = [("SFT loss", sft, ("loss",)), ("RL reward (mean total)", ppo, ("reward_total", "reward_sampled")),
               ("RL groups whose rewards differ", ppo, ("signal_total",)), ("RL KL to reference", ppo, ("kl",)),
               ("RL clip fraction", ppo, ("clip_fraction",)),
@@ -103,9 +103,8 @@ def plot_training(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, A
         for key in keys:
             points = [(r.get("step", i + 1), r[key]) for i, r in enumerate(records)
                       if isinstance(r.get(key), int | float)]
-            if points or key == keys[0]:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=labels.get(key, key))
-        if len(ax.get_lines()) > 1:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=labels.get(key, key))
+        if len(keys) > 1:
             ax.legend(fontsize=7)
         ax.set_title(title)
         ax.set_xlabel("step")

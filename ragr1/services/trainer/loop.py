@@ -279,11 +279,10 @@ class PPOLoop:
         self._dropped: dict[str, str] = {}
         self._warned_top_p = False
         self._queue_seconds = 0.0
-        self._uniform_skipped = 0
-        # Total rewards of the groups dynamic sampling skipped since the last update: with them, the mean
+        # The total rewards of each group dynamic sampling skipped since the last update: with them, the mean
         # reward of everything the policy was sampled on, which is the curve that shows learning (the
         # trained batch holds only groups with a spread, so its mean stays near the middle by design).
-        self._skipped_rewards: list[float] = []
+        self._skipped: list[list[float]] = []
         self._synced_at = time.monotonic()
 
     # -- state ----------------------------------------------------------------------------------
@@ -435,7 +434,7 @@ class PPOLoop:
         if self.settings.samples_per_prompt <= 1:
             return
         for members in self._complete_groups():
-            if self._uniform_skipped >= self.settings.max_uniform_groups:
+            if len(self._skipped) >= self.settings.max_uniform_groups:
                 return
             scores = [d.message.reward.total for d in members]
             if has_spread(scores):
@@ -443,8 +442,7 @@ class PPOLoop:
             skipped = {id(d) for d in members}
             self._buffer = [d for d in self._buffer if id(d) not in skipped]
             self._settle(members)
-            self._uniform_skipped += 1
-            self._skipped_rewards += scores
+            self._skipped.append(scores)
             metrics.ROLLOUTS.labels("uniform_group").inc(len(members))
             log.info("skipped a group of %d rollouts that all scored %.3f (dynamic sampling)", len(members), scores[0])
 
@@ -526,6 +524,7 @@ class PPOLoop:
         for d in batch:
             metrics.ROLLOUT_AGE.observe(max(0.0, now - _entry_seconds(d.entry_id)))
         record: dict[str, Any] = {"step": new_version, "version": new_version, "rollout_ids": ids, **stats}
+        sampled = [r.reward.total for r in rollouts] + [score for group in self._skipped for score in group]
         for part in REWARD_PARTS:
             record[f"reward_{part}"] = sum(getattr(r.reward, part) for r in rollouts) / len(rollouts)
         if self.settings.samples_per_prompt > 1:
@@ -547,17 +546,15 @@ class PPOLoop:
                 "push_seconds": push_seconds,
                 "published": published,
                 "weight_sync_alarm": alarm,
-                "groups_skipped_uniform": self._uniform_skipped,
-                "reward_sampled": (sum(r.reward.total for r in rollouts) + sum(self._skipped_rewards))
-                / (len(rollouts) + len(self._skipped_rewards)),
-                "rollouts_sampled": len(rollouts) + len(self._skipped_rewards),
+                "groups_skipped_uniform": len(self._skipped),
+                "reward_sampled": sum(sampled) / len(sampled),
+                "rollouts_sampled": len(sampled),
             }
         )
         if self.settings.trim_streams:
             record["trimmed"] = self.rollouts.trim() + self.prompts.trim()
         self._queue_seconds = 0.0
-        self._uniform_skipped = 0
-        self._skipped_rewards = []
+        self._skipped = []
         self.steps.write(record)
         self._observe(record, served)
         return record
