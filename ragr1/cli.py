@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ragr1.services.common import lifeline
+
 # Modules with a ``register(commands, serve)`` function, in the order their commands are listed.
 COMMAND_MODULES = [
     "ragr1.services.common.cli",
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    lifeline.watch()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

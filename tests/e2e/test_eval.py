@@ -1,5 +1,5 @@
 """`ragr1 up` and `ragr1 eval` on a few questions of every benchmark, with EM and F1 recomputed here
-independently of the reward service."""
+independently of the reward service; then `ragr1 up` SIGKILLed, and nothing of its stack left behind."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
+
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.common.redis_server import free_port
 from ragr1.shipped import EVAL_BENCHMARKS
-from tests.e2e.processes import processes_using_ports
+from ragr1.stack.supervisor import port_in_use
 
 
 def normalise(text: str) -> str:
@@ -37,6 +39,18 @@ def f1(prediction: str, gold: str) -> float:
 def last_answer(response: str) -> str:
     found = re.findall(r"<answer>(.*?)</answer>", response, flags=re.DOTALL)
     return found[-1].strip() if found else ""
+
+
+def port_of(address: str) -> int:
+    """``127.0.0.1:50051``, ``http://127.0.0.1:51051/metrics`` or ``redis://127.0.0.1:6379/0`` -> the port."""
+    return int(address.rsplit(":", 1)[1].split("/")[0])
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_eval_through_the_running_stack(tmp_path: Path) -> None:
@@ -62,10 +76,21 @@ def test_eval_through_the_running_stack(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=600,
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        # Every process of the stack, vLLM's engine processes included, and every port it listens on.
+        stack = [child.pid for child in psutil.Process(up.pid).children(recursive=True)]
+        endpoints = json.loads((run_dir / "endpoints.json").read_text())
+        ports = [port_of(endpoints["redis"])] + [
+            port_of(address) for s in endpoints["services"].values() for address in (s["grpc"], s["metrics"])
+        ]
     finally:
-        up.send_signal(signal.SIGTERM)
-        code = up.wait(timeout=120)
-    assert code == 0
+        # Killed as the kernel's OOM killer would: nothing of the stack may outlive it, or the next `ragr1 up`
+        # finds its ports taken.
+        up.send_signal(signal.SIGKILL)
+        up.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while left := [pid for pid in stack if alive(pid)] + [port for port in ports if port_in_use("127.0.0.1", port)]:
+        assert time.monotonic() < deadline, f"10 s after `ragr1 up` was killed, still running or held: {left}"
+        time.sleep(0.2)
 
     report = json.loads(out.read_text())
     assert [s["benchmark"] for s in report["summaries"]] == list(EVAL_BENCHMARKS)
@@ -90,8 +115,3 @@ def test_eval_through_the_running_stack(tmp_path: Path) -> None:
         assert abs(summary["exact_match"] - sum(r["exact_match"] for r in mine) / 2) < 1e-9
         assert abs(summary["f1"] - sum(r["f1"] for r in mine) / 2) < 1e-9
         assert abs(summary["retrieval_rounds"] - sum(r["retrieval_rounds"] for r in mine) / 2) < 1e-9
-
-    time.sleep(1)
-    endpoints = json.loads((run_dir / "endpoints.json").read_text())
-    ports = [int(s["grpc"].rsplit(":", 1)[1]) for s in endpoints["services"].values()]
-    assert processes_using_ports(ports) == []

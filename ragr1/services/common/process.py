@@ -20,6 +20,7 @@ from types import TracebackType
 
 import grpc
 
+from ragr1.services.common import lifeline
 from ragr1.services.common.client import ChannelOptions, HealthClient
 
 
@@ -78,12 +79,14 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # Its own process group, so that its children go with it: vLLM's engine-core and worker
-            # processes outlive a SIGKILLed (or OOM-killed) policy, holding ~3 GB each, and a restarted policy
-            # then found no memory for its KV cache (tests/faults). A container takes them all down; here
-            # ``reap`` does.
+            # processes outlive a SIGKILLed (or OOM-killed) policy, holding gigabytes each, and a restarted
+            # policy would find no memory for its KV cache. A container takes them all down; here ``reap``
+            # does, and the lifeline does when this process itself dies.
+            lifeline_env, lifeline_fds = lifeline.for_child()
             self.process = subprocess.Popen(
                 self.args, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **(self.env or {})}, start_new_session=True,
+                env={**os.environ, **(self.env or {}), **lifeline_env}, start_new_session=True,
+                pass_fds=lifeline_fds,
             )
         self._launched = time.monotonic()
         return self

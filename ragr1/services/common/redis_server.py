@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from ragr1.services.common import ports
+from ragr1.services.common import lifeline, ports
 from ragr1.services.common.config import ServerTLS, read_secret, setting, write_secret
 
 
@@ -148,8 +148,9 @@ class RedisServer:
             quoted = "".join(f"\\x{b:02x}" for b in self.password.encode())
             config.append(str(write_secret(self.data_dir / "auth.conf", f'requirepass "{quoted}"\n')))
         log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child process
+        # Dies with its owner: a SIGKILLed `ragr1 up` must not leave Redis holding its port.
         self.process = subprocess.Popen(
-            [
+            lifeline.die_with_parent([
                 self.binary,
                 *config,
                 *(self.tls.args(self.port) if self.tls else ["--port", str(self.port)]),
@@ -161,7 +162,7 @@ class RedisServer:
                 # OOM-killed Redis loses nothing it acknowledged. The queue's write rate makes it cheap.
                 "--appendfsync", "always",
                 "--protected-mode", "yes",
-            ],
+            ]),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
