@@ -262,6 +262,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help=f"seconds for the whole check (default {TIME_LIMIT}); sections not started by then are SKIPPED",
     )
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--budget", action="append", default=[], metavar="SECTION=SECONDS",
+        help="a section's time budget instead of its default (repeatable)",
+    )
     args = parser.parse_args(argv)
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in args.sections if s not in SECTIONS]
@@ -275,6 +279,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         out = os.environ.get("OUT")
         args.out = Path(out) / "gpu-check.json" if out else ROOT / "runs" / "gpu-check.json"
     args.budgets = dict(TINY_BUDGETS if args.tiny else BUDGETS)
+    for item in args.budget:
+        name, _, seconds = item.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = 0.0
+        if name not in SECTIONS or value <= 0:
+            parser.error(f"--budget {item!r}: expected SECTION=SECONDS with a section of {', '.join(SECTIONS)}")
+        args.budgets[name] = value
     return args
 
 

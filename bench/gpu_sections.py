@@ -215,7 +215,11 @@ class Context:
             torch.cuda.synchronize()
 
     def release(self) -> None:
+        """Frees what the last measurement left (its models are garbage by now, some of them in cycles)."""
         gc.collect()
+        # What is left is alive (the imported libraries, mostly): frozen, the next collections skip it. A full
+        # collection over all of transformers' objects costs a second or more.
+        gc.freeze()
         if self.cuda:
             import torch
 
@@ -420,7 +424,7 @@ def fsdp_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, Any]]
             result["note"] += (
                 f"; the first update's policy/value losses differ from no sharding's by {gaps[0]:.1e}/{gaps[1]:.1e}"
             )
-            result.update({"vs": result["rate"] / plain["rate"], "vs_what": "no sharding"})
+            result.update({"vs": result["rate"] / plain["rate"], "vs_what": "no sharding", "loss_gap": max(gaps)})
         return result
 
     yield attempt(ctx, "fsdp", f"PPO update, full, {arch}, no sharding", soft_deadline, unsharded)
@@ -453,6 +457,7 @@ def rollout_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, An
         prompt = sum(len(t.prompt_ids) for t in run.trajectories) / len(run.trajectories)
         return {
             "rate": run.generated / run.seconds, "unit": "tok/s", "seconds": run.seconds, **ctx.memory(),
+            "generated": run.generated,
             "note": (
                 f"{len(tasks)} HotpotQA questions, {loop.max_turns} turn + the answer turn, "
                 f"{s.rollout_max_tokens} new tokens a turn; {run.generated} generated, prompts {prompt:.0f} "
@@ -582,7 +587,7 @@ def retriever_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, 
         elif batch in baseline:
             base_seconds, base_ids = baseline[batch]
             same = np.mean([len(set(a) & set(b)) / TOP_K for a, b in zip(ids, base_ids, strict=True)])
-            fields.update({"vs": base_seconds / seconds, "vs_what": "faiss-cpu"})
+            fields.update({"vs": base_seconds / seconds, "vs_what": "faiss-cpu", "overlap": float(same)})
             note += f"; {same:.1%} of faiss-cpu's top-{TOP_K} ids"
         return {**fields, "note": note}
 

@@ -13,10 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
-  SITE=${RAGR1_WHEEL_SITE:-/tmp/ragr1-site}
-  "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
-    --upgrade --target "$SITE" .whl/*.whl
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  # They are built for the lent machines' Python 3.12; elsewhere the installed packages serve.
+  if "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    SITE=${RAGR1_WHEEL_SITE:-/tmp/ragr1-site}
+    "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$SITE" .whl/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    echo "gpu-check: .whl/ holds wheels for Python 3.12, not this $("$PY" -V); using the installed packages"
+  fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
