@@ -269,11 +269,12 @@ def attempt(ctx: Context, section: str, case: str, soft_deadline: float, fn: Cal
         return skipped(section, case, "the section's time budget was spent")
     print(f"[{section}] {case}", flush=True)
     try:
-        return row(section, case, **fn())
+        result = row(section, case, **fn())
     except Exception as exc:  # recorded in the table; the next measurement goes on
-        return failed(section, case, exc)
-    finally:
-        ctx.release()
+        result = failed(section, case, exc)
+    # Out of the handler: the exception and the frames it holds (an out-of-memory error's tensors) are gone.
+    ctx.release()
+    return result
 
 
 # -- trainer -------------------------------------------------------------------------------------------

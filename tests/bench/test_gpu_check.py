@@ -4,10 +4,12 @@ section that overruns its budget is recorded as FAILED and the next one still ru
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,23 @@ def test_bad_arguments_are_refused_naming_them(args: list[str], message: str, ca
         gpu_check.parse(args)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_failing_measurement_is_one_failed_row_and_a_late_one_is_skipped(tmp_path: Path) -> None:
+    from bench import gpu_sections
+
+    ctx = gpu_sections.Context("cpu", gpu_sections.TINY_SIZES, tmp_path)
+
+    def out_of_memory() -> dict[str, Any]:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has a total capacity of 79 GiB")
+
+    try:
+        row = gpu_sections.attempt(ctx, "trainer", "PPO update", time.time() + 60, out_of_memory)
+        late = gpu_sections.attempt(ctx, "trainer", "SFT step", time.time() - 1, lambda: {"rate": 1.0})
+    finally:
+        gc.unfreeze()  # release() froze this test session's objects
+    assert row == {
+        "section": "trainer", "case": "PPO update", "status": "FAILED",
+        "reason": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    }
+    assert late["status"] == "SKIPPED" and late["reason"] == "the section's time budget was spent"
