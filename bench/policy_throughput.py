@@ -52,15 +52,19 @@ from ragr1.shipped import read_jsonl, train_path  # noqa: E402
 
 
 class TransformersEngine:
-    """The baseline: one padded ``generate`` call per turn, sampling and stop strings as vLLM's."""
+    """The baseline: one padded ``generate`` call per turn, sampling and stop strings as vLLM's; on ``device``
+    (``cuda`` for the GPU check, bench/gpu_check.py) in ``dtype`` (a torch dtype's name)."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32") -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), padding_side="left")
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).to(self.device).eval()
+        )
 
     def _cut(self, ids: list[int], stop: Sequence[str]) -> tuple[int, str | None]:
         """Where a real engine would have stopped: after EOS or the token completing a stop string."""
@@ -87,6 +91,7 @@ class TransformersEngine:
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in requests])
         mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
+        ids, mask = ids.to(self.device), mask.to(self.device)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         with torch.no_grad():
@@ -97,14 +102,19 @@ class TransformersEngine:
                 do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature or None,
                 top_p=sampling.top_p,
-                stop_strings=list(stop),
+                stop_strings=list(stop) or None,  # an empty list is an error in generate
                 tokenizer=self.tokenizer,
                 output_scores=True,
                 return_dict_in_generate=True,
                 pad_token_id=pad,
             )
         new = out.sequences[:, width:]
-        logprobs = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # Step by step: the whole [rows x steps x vocabulary] stack would be a second copy of the scores.
+        logprobs = torch.stack(
+            [s.float().log_softmax(-1).gather(-1, new[:, i : i + 1]).squeeze(-1) for i, s in enumerate(out.scores)],
+            dim=1,
+        ).cpu()
+        new = new.cpu()
         results = []
         for row, request in enumerate(requests):
             tokens = new[row].tolist()[: request.max_tokens]

@@ -37,6 +37,21 @@ log = logging.getLogger(__name__)
 Reduce = Callable[[torch.Tensor, str], None]
 
 
+def process_group_reduce(device: torch.device) -> Reduce:
+    """``Reduce`` over the default ``torch.distributed`` process group, which must be initialised."""
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+    def reduce(tensor: torch.Tensor, op: str) -> None:
+        # NCCL reduces only GPU tensors; the statistics live on the CPU (the identity with gloo).
+        moved = tensor.to(device)
+        dist.all_reduce(moved, op=ops[op])
+        tensor.copy_(moved)
+
+    return reduce
+
+
 @dataclasses.dataclass
 class Sample:
     """One trajectory to learn from: its tokens, how it scored, and what sampled it."""

@@ -36,7 +36,7 @@ import torch
 
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import init_torch
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
+from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample, process_group_reduce
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ def worker_loop(config: dict[str, Any]) -> None:
     """``train_loop_per_worker``: builds the models once, then serves requests until STOP."""
     import ray
     import ray.train
-    import torch.distributed as dist
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -62,14 +61,7 @@ def worker_loop(config: dict[str, Any]) -> None:
     # Ray Train gives each GPU worker its own GPU (and makes it current); on CPUs this is the CPU.
     device = ray.train.torch.get_device()
     updater = PPOUpdater.build(settings, Path(config["model_dir"]), device, shard=settings.sharding == "fsdp")
-    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-
-    def reduce(tensor: torch.Tensor, op: str) -> None:
-        # NCCL reduces only GPU tensors; the statistics live on the CPU (the identity with gloo).
-        moved = tensor.to(device)
-        dist.all_reduce(moved, op=ops[op])
-        tensor.copy_(moved)
-
+    reduce = process_group_reduce(device)
     inbox, outbox = config["inboxes"][rank], config["outbox"]
     served = 0
     while True:
