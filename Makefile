@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-docker test-faults lint proto dashboards
+.PHONY: demo test test-docker test-faults lint proto dashboards docs
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -36,3 +36,9 @@ proto: $(STAMP)
 # Rewrites deploy/grafana/dashboards/*.json from deploy/grafana/generate.py (a test fails when stale).
 dashboards: $(STAMP)
 	$(VENV)/bin/python deploy/grafana/generate.py
+
+# Rewrites the generated pages under docs/reference/ (settings, Helm values, metrics, gRPC API) from their
+# sources (a test fails when one is stale), then builds the site into site/ as `make test` does (--strict).
+docs: $(STAMP)
+	$(VENV)/bin/python -m ragr1.docgen
+	$(VENV)/bin/mkdocs build --strict

@@ -35,20 +35,26 @@ def command(
     *,
     help: str,
     prepare: Callable[[argparse.Namespace], None] | None = None,
+    fixed: dict[str, Any] | None = None,
 ) -> argparse.ArgumentParser:
     """Adds ``name`` with one flag per field of ``config_cls``; running it calls ``run(config)``.
-    ``prepare`` may adjust the parsed flags first (``ragr1 demo --preset`` picks the config file)."""
+    ``prepare`` may adjust the parsed flags first (``ragr1 demo --preset`` picks the config file);
+    ``fixed`` are settings this command always runs with (``rollout-worker``: ``worker=True``).
+    The parser keeps ``config_class`` and ``fixed_settings`` as defaults, for the settings reference."""
     parser: argparse.ArgumentParser = parsers.add_parser(name, help=help)
     add_arguments(parser, config_cls)
+    fixed = dict(fixed or {})
 
     def invoke(args: argparse.Namespace) -> int:
         if prepare is not None:
             prepare(args)
         config = from_args(config_cls, args)
+        if fixed:
+            config = dataclasses.replace(config, **fixed)  # type: ignore[type-var]
         configure_logging(getattr(config, "log_level", "INFO"))
         return int(run(config) or 0)
 
-    parser.set_defaults(run=invoke)
+    parser.set_defaults(run=invoke, config_class=config_cls, fixed_settings=fixed)
     return parser
 
 
@@ -60,9 +66,7 @@ def service(
     them. ``overrides`` are fixed settings of this command (``rollout-worker``: ``worker=True``)."""
 
     def run(config: C) -> int:
-        if overrides:
-            config = dataclasses.replace(config, **overrides)  # type: ignore[type-var]
         serve = importlib.import_module(server_module).serve
         return int(asyncio.run(serve(config)))
 
-    return command(parsers, name, config_cls, run, help=help)
+    return command(parsers, name, config_cls, run, help=help, fixed=overrides)
