@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
-from ragr1.models import policy_checkpoint
+from ragr1.models import find_model, policy_checkpoint
 from ragr1.services.common.config import check_at_least, check_choice, flags, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
@@ -120,8 +120,8 @@ class DemoConfig(StackConfig):
             ("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1), ("eval_batch", 1),
             ("sft_epochs", 1), ("rl_updates", 1), ("rl_prompts", 1), ("rl_samples", 1), ("rl_uniform_groups", 0),
         ))
-        if self.sft_checkpoint and not (Path(self.sft_checkpoint) / "config.json").exists():
-            raise ValueError(f"sft_checkpoint {self.sft_checkpoint} is not a policy checkpoint (no config.json)")
+        if self.sft_checkpoint:
+            find_model(self.sft_checkpoint, "sft_checkpoint")  # refused here, naming what it holds
 
 
 @dataclasses.dataclass
@@ -275,7 +275,7 @@ class Demo:
         policy_target = f"{plan.HOST}:{self.ports.policy}"
         with supervisor, PolicyClient(policy_target) as policy:
             if self.config.sft_checkpoint:
-                sft_checkpoint = Path(self.config.sft_checkpoint)
+                sft_checkpoint = find_model(self.config.sft_checkpoint, "sft_checkpoint")
             else:
                 with self._phase("evaluate base"):
                     self.evaluate("base", policy)
