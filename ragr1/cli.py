@@ -74,7 +74,9 @@ def explain(exc: BaseException) -> tuple[int, str]:
         return 2 if bad_path else 1, f"{exc.filename}: {exc.strerror}"
     if isinstance(exc, ValueError | FileNotFoundError):
         return 2, str(exc)
-    if isinstance(exc, ConnectionError | redis.RedisError):
+    if isinstance(exc, OSError):  # the machine's doing (a port in use, a full disk), not the code's
+        return 1, str(exc)
+    if isinstance(exc, redis.RedisError):
         return 1, f"{type(exc).__name__}: {exc}"
     return 1, f"{type(exc).__name__}: {exc} ({TRACEBACK_ENV}=1 for the traceback)"
 

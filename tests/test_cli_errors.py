@@ -6,6 +6,7 @@ process of its own, on input refused before anything heavy (an engine, a model) 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,17 @@ def test_serve_refuses_a_bad_setting_and_a_missing_index(tmp_path: Path) -> None
                    "max_items must be >= 1, got 0")
     one_line_error(ragr1("serve", "retriever-shard", "--index", str(tmp_path / "none"), cwd=tmp_path),
                    "ragr1 serve retriever-shard", str(tmp_path / "none"), "ragr1 index build")
+
+
+def test_serve_names_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        one_line_error(ragr1("serve", "reward", "--port", str(port), cwd=tmp_path), "ragr1 serve reward",
+                       f"gRPC port 127.0.0.1:{port} is already in use", code=1)
+        one_line_error(ragr1("serve", "reward", "--port", "0", "--metrics-port", str(port), cwd=tmp_path),
+                       "ragr1 serve reward", f"metrics port 127.0.0.1:{port}", "--metrics-port", code=1)
 
 
 def test_serve_policy_refuses_a_folder_without_a_model_before_loading_vllm(tmp_path: Path) -> None:
