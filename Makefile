@@ -14,7 +14,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 # The CPU image built and the compose stack run under a real Docker engine, checked as a user would
-# (tests/docker/harness.py; over an hour on 2 shared cores: the image build, then PPO updates). Not part of
+# (tests/docker/harness.py; long: the image build, then PPO updates on CPUs). Not part of
 # `make test`: it needs Docker (`apt-get install docker.io` as root) and minutes.
 test-docker: $(STAMP)
 	$(VENV)/bin/python -m tests.docker.harness

@@ -78,9 +78,9 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # Its own process group, so that its children go with it: vLLM's engine-core and worker
-            # processes outlive a SIGKILLed (or OOM-killed) policy, holding ~3 GB each, and a restarted policy
-            # then found no memory for its KV cache (tests/faults). A container takes them all down; here
-            # ``reap`` does.
+            # processes outlive a SIGKILLed (or OOM-killed) policy, holding their memory, and a restarted
+            # policy would find none left for its KV cache. A container takes them all down; here ``reap``
+            # does.
             self.process = subprocess.Popen(
                 self.args, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, **(self.env or {})}, start_new_session=True,
