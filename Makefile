@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-docker test-faults lint proto dashboards
+.PHONY: demo test test-docker test-faults lint proto dashboards docs
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -14,7 +14,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 # The CPU image built and the compose stack run under a real Docker engine, checked as a user would
-# (tests/docker/harness.py; over an hour on 2 shared cores: the image build, then PPO updates). Not part of
+# (tests/docker/harness.py; long: the image build, then PPO updates on CPUs). Not part of
 # `make test`: it needs Docker (`apt-get install docker.io` as root) and minutes.
 test-docker: $(STAMP)
 	$(VENV)/bin/python -m tests.docker.harness
@@ -36,3 +36,9 @@ proto: $(STAMP)
 # Rewrites deploy/grafana/dashboards/*.json from deploy/grafana/generate.py (a test fails when stale).
 dashboards: $(STAMP)
 	$(VENV)/bin/python deploy/grafana/generate.py
+
+# Rewrites the generated pages under docs/reference/ (settings, Helm values, metrics, gRPC API) from their
+# sources (a test fails when one is stale), then builds the site into site/ as `make test` does (--strict).
+docs: $(STAMP)
+	$(VENV)/bin/python -m ragr1.docgen
+	$(VENV)/bin/mkdocs build --strict

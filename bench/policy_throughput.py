@@ -7,7 +7,7 @@ turn) on the same HotpotQA questions with the same sampling settings, in one run
 2. vLLM out of the box (``enforce_eager``; vLLM keeps one of the two cores for itself);
 3. vLLM tuned: both cores for compute (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``,
    ``VLLM_CPU_OMP_THREADS_BIND``), Intel OpenMP preloaded; with ``--compile`` also torch.compile
-   (two minutes more to load, faster decoding).
+   (a longer load, faster decoding).
 
 It prints trajectories/s and generated tokens/s per engine and the ratios to the baseline. With
 ``--retriever-address`` (a running ``ragr1 serve retriever``) it also compares single- and

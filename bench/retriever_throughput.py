@@ -514,8 +514,9 @@ def run(args: argparse.Namespace, work: Path) -> None:
         print("   " + row(name, r, stage_means(before[0], after[0], before[1], after[1])), flush=True)
         return r
 
-    # The deadline: 1,024 calls queue for longer than the default 10 s on 2 shared cores; the figures
-    # are of throughput and latency, and a call that misses it would be retried by an RL worker anyway.
+    # The deadline: at the highest concurrency calls queue for longer than the router's default on a small
+    # shared host; the figures are of throughput and latency, and a call that misses it would be retried by
+    # an RL worker anyway.
     deadline = ("--timeout-s", "60")
     # Rounds of baseline, retriever and in-process ceiling in turn, all servers up, so that the load
     # from other jobs on a shared host hits each alike; the ratios are per round, then their median.

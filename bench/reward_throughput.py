@@ -9,9 +9,9 @@ question's real paragraphs, right answers for half, wrong ones for the rest), th
 3. through gRPC, one call per trajectory (the baseline: how the published code calls its services).
 
 The issue's target is scoring under 1% of the rollout time. The rollout time of the same batch is
-its generated tokens (the tokens outside <information>) at vLLM rates measured earlier for SmolLM2-135M
-on these CPUs (107 tokens/s out of the box, 203 tuned); the README's policy figures (40-64 tokens/s on
-shared cores) are lower, which only shrinks the reward's share.
+its generated tokens (the tokens outside <information>) at SmolLM2-135M's vLLM CPU rates
+(``ROLLOUT_TOKENS_PER_SECOND``, as ``bench/policy_throughput.py`` measures them); a slower policy only
+shrinks the reward's share.
 
     python bench/reward_throughput.py [--batch 256] [--repeats 5]
 """

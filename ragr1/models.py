@@ -80,18 +80,68 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
 
 
 def policy_checkpoint(path: str) -> Path:
-    """The policy model a command was given (``--model``): ``path``, a Hugging Face checkpoint directory,
-    or, when empty, SmolLM2-135M-Instruct prepared from its package. A directory without config.json is
-    refused here, before any service or training starts."""
+    """The policy model a command was given (``--model``): the checkpoint at or inside ``path`` (see
+    ``find_model``) or, when empty, SmolLM2-135M-Instruct prepared from its package. A folder that holds no
+    model is refused here, before any service or training starts."""
     if not path:
         return prepare_policy_model()
-    directory = Path(path)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model {directory}: no config.json there; give a Hugging Face checkpoint directory, or no model "
-            f"for {SMOLLM2_NAME}"
-        )
-    return directory.resolve()
+    return find_model(path, "model")
+
+
+# How deep ``find_model`` looks: a run folder holds its models at <run>/trainer/checkpoints/v000006/policy.
+MODEL_SEARCH_DEPTH = 4
+
+
+def _models_inside(directory: Path) -> list[Path]:
+    """Model folders (config.json and safetensors weights: not, say, an index's ONNX encoder export) under
+    ``directory`` (not itself), at most MODEL_SEARCH_DEPTH levels down; hidden folders (a checkpoint still
+    being written, ``.tmp-*``) are skipped."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(directory):
+        here = Path(root)
+        depth = len(here.relative_to(directory).parts)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < MODEL_SEARCH_DEPTH else []
+        if depth and "config.json" in files and any(f.endswith(".safetensors") for f in files):
+            found.append(here)
+            dirs[:] = []  # a model's own subfolders are part of it
+    return found
+
+
+def find_model(path: str | Path, what: str = "model") -> Path:
+    """The Hugging Face checkpoint directory at ``path`` (a folder with config.json) or inside it: a trainer
+    checkpoint version (``…/checkpoints/v000006``, whose model is in ``policy/``) or any folder that holds
+    exactly one model (config.json and safetensors). Refused, naming what was looked for, when there is
+    none, several, or ``path`` is a file (naming the folder that holds it). ``what`` names the setting in
+    the message."""
+    given = Path(path)
+    if given.is_file():
+        holder = given.parent
+        hint = f"give the folder that holds it, {holder}" if (holder / "config.json").is_file() else (
+            "give a Hugging Face checkpoint directory (config.json and *.safetensors)")
+        raise FileNotFoundError(f"{what} {given} is a file; {hint}")
+    if not given.is_dir():
+        raise FileNotFoundError(f"{what} {given}: no such directory")
+    if (given / "config.json").is_file():
+        return given.resolve()
+    inside = _models_inside(given)
+    if len(inside) == 1:
+        return inside[0].resolve()
+    if inside:
+        names = ", ".join(str(p.relative_to(given)) for p in inside[:4]) + (", …" if len(inside) > 4 else "")
+        raise FileNotFoundError(f"{what} {given} holds {len(inside)} models ({names}); give one of them")
+    default = f", or no {what} for {SMOLLM2_NAME}" if what == "model" else ""
+    raise FileNotFoundError(
+        f"{what} {given}: no config.json there, nor a model (config.json and *.safetensors) in its subfolders; "
+        f"give a Hugging Face checkpoint directory (e.g. a trainer checkpoint's policy/ folder){default}"
+    )
+
+
+def check_model(config: object) -> None:
+    """Refuses a command's ``--model`` that holds no model, before the command loads torch or vLLM (which
+    take seconds to import); ``policy_checkpoint`` resolves it when the model is loaded."""
+    model = getattr(config, "model", "")
+    if model:
+        find_model(model, "model")
 
 
 def embedding_model_dir() -> Path:

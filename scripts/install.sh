@@ -17,8 +17,8 @@ command -v "$PY" >/dev/null || PY=python3
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-# No wheel cache: the venv is ~5 GB, and a cache beside it nearly doubles what an install needs on
-# disks that CI machines share (an install ran out of space there).
+# No wheel cache: the venv is several GB, and a cache beside it nearly doubles what an install needs on
+# disks that CI machines share.
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir -q)
 "${PIP[@]}" install --upgrade pip setuptools wheel
 

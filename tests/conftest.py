@@ -13,7 +13,7 @@ from hypothesis import settings
 from ragr1.services.common.redis_server import RedisServer, free_port
 
 # Property tests and fuzzing draw the same cases on every run by default, so that CI's verdict is the code's,
-# not the draw's; HYPOTHESIS_PROFILE=explore draws new ones (how the fuzzing found its bugs: README).
+# not the draw's; HYPOTHESIS_PROFILE=explore draws new ones (to look for failures no run has drawn yet).
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

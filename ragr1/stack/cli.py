@@ -6,14 +6,12 @@ import argparse
 import dataclasses
 import json
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ragr1.services.common.commands import command
 from ragr1.stack.config import EvalConfig, PrepareConfig, UpConfig
-from ragr1.stack.supervisor import StackError
 
 if TYPE_CHECKING:
     from ragr1.stack.demo import DemoConfig
@@ -32,11 +30,7 @@ def _sigterm_as_interrupt() -> None:
 
 def _guarded(run: Callable[[C], int], config: C) -> int:
     _sigterm_as_interrupt()
-    try:
-        return int(run(config))
-    except StackError as exc:
-        print(f"ragr1: {exc}", file=sys.stderr, flush=True)
-        return 1
+    return int(run(config))
 
 
 def _up(config: UpConfig) -> int:
@@ -61,21 +55,35 @@ def _demo_preset(args: argparse.Namespace) -> None:
         args.config = preset_path(args.preset)
 
 
+def _policy_target(config: EvalConfig) -> str:
+    """The policy's address: ``--policy``, or the one in ``ragr1 up``'s endpoints.json."""
+    if not config.endpoints:
+        return config.policy
+    path = Path(config.endpoints)
+    try:
+        return str(json.loads(path.read_text())["services"]["policy"]["grpc"])
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"endpoints {path}: not the endpoints.json of `ragr1 up` (no services.policy.grpc in it)"
+        ) from exc
+
+
 def _eval(config: EvalConfig) -> int:
+    from ragr1.models import find_model
     from ragr1.services.policy.client import PolicyClient
     from ragr1.stack import evaluate
 
-    target = config.policy
-    if config.endpoints:
-        target = json.loads(Path(config.endpoints).read_text())["services"]["policy"]["grpc"]
+    # Every input is checked before the policy is called: bad files, a checkpoint folder with no model.
+    target = _policy_target(config)
     sources = [*config.benchmarks, *config.file]
     modes = config.modes()
-    sets = {s: evaluate.load_questions(s, config.limit) for s in sources}  # bad files fail before any work
+    sets = {s: evaluate.load_questions(s, config.limit) for s in sources}
+    checkpoint = find_model(config.checkpoint, "checkpoint") if config.checkpoint else None
     with PolicyClient(target) as policy:
-        if config.checkpoint:
+        if checkpoint is not None:
             version = policy.weight_version().version + 1
-            update = policy.update_weights(version, str(Path(config.checkpoint).resolve()))
-            print(f"serving {config.checkpoint} as version {update.version}", flush=True)
+            update = policy.update_weights(version, str(checkpoint))
+            print(f"serving {checkpoint} as version {update.version}", flush=True)
         summaries, records = [], []
         for name, questions in sets.items():
             for mode in modes:

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
-from ragr1.models import policy_checkpoint
+from ragr1.models import find_model, policy_checkpoint
 from ragr1.services.common.config import check_at_least, check_choice, flags, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
@@ -69,8 +69,8 @@ class DemoConfig(StackConfig):
     tokens_per_query: int = setting(160, "policy and SFT: document tokens per query in <information>")
     max_model_len: int = setting(4096, "policy: context length (prompt + response)")
     max_tokens_per_turn: int = setting(192, "policy: new tokens per generation turn")
-    # Held-out questions from the distributions RL trains on: RL is measured where it can learn (evaluated on
-    # MuSiQue, which it never trained on, no run showed a gain; the long preset's PopQA gain came this way).
+    # Held-out questions from the distributions RL trains on: RL is measured where it can learn, not on a
+    # benchmark it never trained on.
     sources: list[str] = setting(lambda: ["popqa", "hotpotqa"],
                                  "question sources (training files with paragraphs; popqa: its birthplaces)",
                                  factory=True)
@@ -103,7 +103,7 @@ class DemoConfig(StackConfig):
     rl_micro_batch: int = setting(2, "RL sequences per forward/backward")
     rl_mode: str = setting("multi", "search mode of the RL prompts: single or multi (RAG-R1 trains multi)")
     # RAG-R1 pays exact match only; a 135M model answers a multi-hop question exactly so rarely that most
-    # GRPO groups score all 0 and teach nothing (the README has the measured share). F1 pays partial answers.
+    # GRPO groups score all 0 and teach nothing. F1 pays partial answers.
     reward: str = setting("f1", "what RL is paid for: em (exact match, RAG-R1's) or f1 (token F1)")
     quick_index: bool = setting(False, "index only the paragraphs of the demo's questions (minutes saved)")
     sft_checkpoint: str = setting(
@@ -120,8 +120,8 @@ class DemoConfig(StackConfig):
             ("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1), ("eval_batch", 1),
             ("sft_epochs", 1), ("rl_updates", 1), ("rl_prompts", 1), ("rl_samples", 1), ("rl_uniform_groups", 0),
         ))
-        if self.sft_checkpoint and not (Path(self.sft_checkpoint) / "config.json").exists():
-            raise ValueError(f"sft_checkpoint {self.sft_checkpoint} is not a policy checkpoint (no config.json)")
+        if self.sft_checkpoint:
+            find_model(self.sft_checkpoint, "sft_checkpoint")  # refused here, naming what it holds
 
 
 @dataclasses.dataclass
@@ -275,7 +275,7 @@ class Demo:
         policy_target = f"{plan.HOST}:{self.ports.policy}"
         with supervisor, PolicyClient(policy_target) as policy:
             if self.config.sft_checkpoint:
-                sft_checkpoint = Path(self.config.sft_checkpoint)
+                sft_checkpoint = find_model(self.config.sft_checkpoint, "sft_checkpoint")
             else:
                 with self._phase("evaluate base"):
                     self.evaluate("base", policy)

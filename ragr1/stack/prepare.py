@@ -32,9 +32,8 @@ class Prepared:
 def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: str = "",
             limit: int | None = None) -> Prepared:
     """The information blocks of the trajectories are cut per query with the tokenizer of ``model`` (the
-    policy's ``--model``), as the policy cuts them."""
-    from transformers import AutoTokenizer
-
+    policy's ``--model``), as the policy cuts them. Every input is read before transformers is imported
+    (seconds), so that a bad file or model folder is refused at once."""
     from ragr1.agent.information import InformationFormat
     from ragr1.models import policy_checkpoint
     from ragr1.services.trainer import data
@@ -53,6 +52,8 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
     for mode in ("single", "multi"):
         parquet[mode] = out / f"prompts-{mode}.parquet"
         data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
+    from transformers import AutoTokenizer
+
     tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))
     information = InformationFormat(tokenizer, blocks.tokens_per_query)
     trajectories = data.sft_trajectories(supported, ("single", "multi"), information, blocks.top_k)

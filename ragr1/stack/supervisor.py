@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ragr1.services.common.ports import port_in_use
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer
 from ragr1.stack.auth import StackAuth
@@ -62,16 +62,6 @@ class RestartPolicy:
 
 class StackError(RuntimeError):
     """A service could not start or died; the message names it and its log."""
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 @contextlib.contextmanager

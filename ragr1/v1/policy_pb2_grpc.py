@@ -85,7 +85,8 @@ class PolicyServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetWeightVersion(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The weight version being served and the checkpoint it came from.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

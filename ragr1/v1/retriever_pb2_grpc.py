@@ -185,7 +185,8 @@ class RetrieverShardServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ShardInfo(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """What this shard holds: its place in the index, passage count, encoder and manifest checksum.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

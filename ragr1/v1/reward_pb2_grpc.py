@@ -47,7 +47,9 @@ class RewardServicer:
     """
 
     def Score(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Scores every item: exact match, F1, format and retrieval-process parts and their total. Refused
+        (INVALID_ARGUMENT) beyond the server's limits (items per call, search rounds).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

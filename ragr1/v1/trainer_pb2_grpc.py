@@ -47,7 +47,8 @@ class TrainerServicer:
     """
 
     def Status(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Where training stands: stage, step, published weight version, rollouts used and the last update's signals.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

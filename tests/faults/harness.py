@@ -236,7 +236,7 @@ class Chaos:
         if not fault.detail:
             if not worker.alive():
                 return
-            # A load of the 135M model takes about half a second: watch the log closely for up to 30 s.
+            # A load of the 135M model is over in moments: watch the log closely for up to 30 s.
             log, deadline = worker.log_path, time.monotonic() + 30
             offset = log.stat().st_size
             while time.monotonic() < deadline:
@@ -526,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         report["secrets_exposed"] = secrets_exposed(supervisor)
         report["checks"]["no secret in any file of the run (logs included) or on any command line"] = (
             not report["secrets_exposed"])
-    # A killed policy's vLLM processes must not outlive it (they held 3 GB each, and a restart then
-    # failed for want of memory): none of those started during the run may be left.
+    # A killed policy's vLLM processes must not outlive it (they hold the model's memory, and a restart
+    # would fail for want of it): none of those started during the run may be left.
     time.sleep(2)
     report["engine_processes_left"] = len(engine_processes() - before)
     report["checks"]["no vLLM process left behind"] = report["engine_processes_left"] == 0

@@ -2,7 +2,7 @@
 
 The policy runs as a deployment runs it: TLS and bearer-token auth on, so every call here goes through
 the client base with the CA and the token, and a real trainer process pushes weights to it.
-Slow: one policy server (one engine load, about 30 s) for the whole module; about 3 minutes in all.
+Slow: one policy server (one engine load) for the whole module.
 The last test kills the engine, so it stays last.
 """
 

@@ -1,4 +1,4 @@
-"""The policy server's engine watchdog (F4 of issue 11), without vLLM: a dead engine turns health
+"""The policy server's engine watchdog, without vLLM: a dead engine turns health
 NOT_SERVING and ends the watch, so that serve() stops the process (exit 1) and the container restarts.
 tests/policy/test_integration.py kills a real engine."""
 

@@ -3,8 +3,7 @@
 The slice is the first ``SLICE`` passages of ``data/corpus``: the ten paragraphs (gold and
 distractors) of the first ~200 HotpotQA training questions. Embeddings are cached under
 ``RAGR1_CACHE_DIR/embeddings`` keyed by the store checksum and encoder settings, so only the first
-run of the suite embeds (about 100 s on 2 cores); index builds from cached embeddings take
-milliseconds.
+run of the suite embeds (the slow part); index builds from cached embeddings are quick.
 """
 
 from __future__ import annotations

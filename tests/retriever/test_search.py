@@ -19,7 +19,8 @@ from ragr1.services.retriever.router import Limits, Router, SearchResult
 from ragr1.services.retriever.shard import ShardSearcher
 
 TOP_K = 10
-# Recall@5 of supporting titles measured with all-MiniLM-L6-v2 on this slice: 0.792 (see the printout).
+# Below the recall@5 of supporting titles that all-MiniLM-L6-v2 reaches on this slice (the test prints it),
+# with room for another backend's rounding; a broken encoder or merge falls far below it.
 MIN_RECALL_AT_5 = 0.75
 
 

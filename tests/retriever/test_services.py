@@ -237,7 +237,7 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
     )["grpc"]
     victim = processes[1].process
     assert victim is not None
-    deadline = 5.0  # generous: on a busy 2-core host embedding alone can take a second or more
+    deadline = 5.0  # generous: on a busy host embedding alone can take a second or more
 
     def call(_: int) -> tuple[float, bool, list[int]]:
         with RetrieverClient(grpc_target) as client:

@@ -1,6 +1,6 @@
 """PPO learns: SmolLM2-135M (LoRA r16, bf16), sampled in-process, learns to answer with the word its
-prompt gives it, inside <answer> tags: mean reward 0.11 over the first three updates, 0.49 over the
-last three. Slow: about 3 minutes on this shared 2-core machine (generation is half of it)."""
+prompt gives it, inside <answer> tags: the mean reward of the last three updates is well above that of
+the first three. Slow: sampling and PPO updates on the CPU (generation is half of it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Ray Train path: 2 CPU workers (gloo) on one worker group for the whole run take the same updates as
 1 process, through the queue loop on a real Redis, FSDP-sharded and as whole copies.
-Slow (~30 s each: the worker group's start-up, once per run; Ray itself starts once for the module)."""
+Slow (the worker group's start-up, once per run; Ray itself starts once for the module)."""
 
 from __future__ import annotations
 

@@ -35,34 +35,43 @@ def command(
     *,
     help: str,
     prepare: Callable[[argparse.Namespace], None] | None = None,
+    fixed: dict[str, Any] | None = None,
 ) -> argparse.ArgumentParser:
     """Adds ``name`` with one flag per field of ``config_cls``; running it calls ``run(config)``.
-    ``prepare`` may adjust the parsed flags first (``ragr1 demo --preset`` picks the config file)."""
+    ``prepare`` may adjust the parsed flags first (``ragr1 demo --preset`` picks the config file);
+    ``fixed`` are settings this command always runs with (``rollout-worker``: ``worker=True``).
+    The parser keeps ``config_class`` and ``fixed_settings`` as defaults, for the settings reference, and
+    ``command_name`` (``ragr1 serve reward``) for error messages."""
     parser: argparse.ArgumentParser = parsers.add_parser(name, help=help)
     add_arguments(parser, config_cls)
+    fixed = dict(fixed or {})
 
     def invoke(args: argparse.Namespace) -> int:
         if prepare is not None:
             prepare(args)
         config = from_args(config_cls, args)
+        if fixed:
+            config = dataclasses.replace(config, **fixed)  # type: ignore[type-var]
         configure_logging(getattr(config, "log_level", "INFO"))
         return int(run(config) or 0)
 
-    parser.set_defaults(run=invoke)
+    parser.set_defaults(run=invoke, config_class=config_cls, fixed_settings=fixed, command_name=parser.prog)
     return parser
 
 
 def service(
-    parsers: Parsers, name: str, config_cls: type[C], server_module: str, *, help: str, **overrides: Any
+    parsers: Parsers, name: str, config_cls: type[C], server_module: str, *, help: str,
+    check: Callable[[C], None] | None = None, **overrides: Any,
 ) -> argparse.ArgumentParser:
     """``ragr1 serve <name>``: ``server_module.serve(config)`` until it returns the exit code. The module is
     imported when the command runs: torch and vLLM are heavy, and ``ragr1 --help`` should not pay for
-    them. ``overrides`` are fixed settings of this command (``rollout-worker``: ``worker=True``)."""
+    them; ``check(config)`` runs before it, to refuse bad input (a model folder without a model) at once.
+    ``overrides`` are fixed settings of this command (``rollout-worker``: ``worker=True``)."""
 
     def run(config: C) -> int:
-        if overrides:
-            config = dataclasses.replace(config, **overrides)  # type: ignore[type-var]
+        if check is not None:
+            check(config)
         serve = importlib.import_module(server_module).serve
         return int(asyncio.run(serve(config)))
 
-    return command(parsers, name, config_cls, run, help=help)
+    return command(parsers, name, config_cls, run, help=help, fixed=overrides)

@@ -40,5 +40,8 @@ SERVING = Gauge(
 
 def serve_metrics(host: str, port: int) -> int:
     """Starts the Prometheus endpoint (``/metrics``) on a daemon thread; returns the bound port."""
-    server, _thread = start_http_server(port, addr=host)
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise OSError(f"metrics port {host}:{port}: {exc.strerror or exc} (set --metrics-port)") from exc
     return int(server.server_port)

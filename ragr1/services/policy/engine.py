@@ -28,7 +28,8 @@ class EngineSettings:
     model: Path
     dtype: str = "float32"
     max_model_len: int = MAX_MODEL_LEN
-    # Skip torch.compile and CUDA graphs: 30 s to load instead of minutes, fewer tokens/s.
+    # Skip torch.compile and CUDA graphs: a load without compiling, at the cost of decoding speed; tests and
+    # the local stack start engines often.
     enforce_eager: bool = True
     tensor_parallel_size: int = 1
     # Fraction of device memory for weights and KV cache (on the CPU, of RAM; see kv_cache_gib).

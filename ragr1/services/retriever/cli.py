@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ def _ingest(config: IngestConfig) -> int:
     from ragr1.shipped import corpus_path
 
     inputs = [Path(p) for p in config.input] or [corpus_path()]
-    store = write_store(read_corpus(inputs, config.format, config.words, config.limit), Path(config.out))
+    passages = read_corpus(inputs, config.format, config.words, config.limit)
+    # A progress bar is for a terminal; in a log or a pipe it is noise around the one line an error prints.
+    store = write_store(passages, Path(config.out), progress=sys.stderr.isatty())
     print(f"{len(store)} passages in {store.directory} (sha256 {store.sha256[:12]})")
     return 0
 

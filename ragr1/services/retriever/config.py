@@ -221,7 +221,7 @@ class RouterConfig(ServerConfig):
     encoder_threads: int = setting(
         1,
         "CPU threads per encoder batch; 0 keeps the runtime's default (all cores). On a shared CPU, one "
-        "thread per worker avoids OpenMP stalls (one query: 550 ms instead of 15 ms on 2 busy cores)",
+        "thread per worker avoids OpenMP stalls (threads spinning while others hold the cores)",
     )
     encoder_split_when_idle: bool = setting(
         True,

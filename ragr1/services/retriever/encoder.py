@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 POOLING_MODES = ("cls", "mean")
 BACKENDS = ("torch", "onnx", "onnx-int8")
-# The fastest backend here whose recall@5 of supporting titles stays within 0.01 of float32 torch
-# (measured by bench/retriever_throughput.py and tests/retriever/test_encoder.py).
+# The fastest backend on CPUs whose recall@5 of supporting titles stays within 0.01 of float32 torch
+# (bench/retriever_throughput.py compares their speed; tests/retriever/test_encoder.py checks the recall).
 DEFAULT_BACKEND = "onnx-int8"
 # What an export directory holds: the network, and the tokenizer files it is fed by.
 ONNX_MODEL_FILE = "model.onnx"
@@ -312,8 +312,7 @@ class _OnnxRunner:
     def run(self, texts: Sequence[str], max_tokens: int, chunk_rows: int = 0) -> np.ndarray:
         """Embeddings of ``texts``. With ``chunk_rows``, the texts are sorted by token count and run in
         chunks of that many rows, each padded only to its own longest: on a CPU the work grows with
-        padded tokens, and a micro-batch of 48 questions (13 to 43 tokens) runs 1.9x faster in sorted
-        chunks of 8 than as one batch padded to 43."""
+        padded tokens, and questions vary in length several-fold."""
         # As sentence-transformers' Transformer.tokenize: stripped, truncated, padded to the longest.
         with self._lock:
             encoded = self.tokenizer(

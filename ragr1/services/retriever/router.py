@@ -129,8 +129,8 @@ class Router:
         self.on_shard_failure = on_shard_failure
         self.default_timeout_s = default_timeout_s
         # Share of the caller's deadline kept back to merge and send the answer after the shards'
-        # deadline: a fixed 20 ms was not enough on a busy 2-core host, where a partial answer (one
-        # shard paused) then reached the client after its deadline, as DEADLINE_EXCEEDED.
+        # deadline, not a fixed time: on a busy host a partial answer (one shard paused) must still reach
+        # the client before its deadline, not as DEADLINE_EXCEEDED.
         self.reply_margin = reply_margin
         self.min_reply_margin_s = min_reply_margin_s
         self._cache = QueryCache(query_cache_size)

@@ -5,7 +5,8 @@ tokenizer: the only part pushed to the policy, so a replica never reads optimise
 ``trainer_state.pt`` (trainable weights, optimiser) and ``meta.json`` (version, step, and the id of
 every rollout trained on so far, which is how a restarted trainer knows what not to train again).
 Each version is written to a temporary directory in the same folder and renamed into place, so a
-reader (or a restarted trainer) only ever sees complete versions.
+reader (or a restarted trainer) only ever sees complete versions. torch is imported only to write or read
+trainer state: every ``ragr1`` command imports this module (the demo's settings), and should not pay for it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 META = "meta.json"
 STATE = "trainer_state.pt"
@@ -74,6 +73,8 @@ class Checkpointer:
             policy_dir(tmp).mkdir()
             write_policy(policy_dir(tmp))
             if trainer_state is not None:
+                import torch
+
                 torch.save(trainer_state, tmp / STATE)
             (tmp / META).write_text(json.dumps({**meta, "version": version}))
             tmp.rename(target)
@@ -84,6 +85,8 @@ class Checkpointer:
         return target
 
     def load_state(self, path: Path) -> dict[str, Any] | None:
+        import torch
+
         file = Path(path) / STATE
         # On the CPU: the optimisers move their state to their parameters' device when they load it.
         return torch.load(file, weights_only=False, map_location="cpu") if file.exists() else None

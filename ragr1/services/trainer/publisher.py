@@ -42,7 +42,8 @@ class WeightPublisher:
 
     A replica that is down (UNAVAILABLE: restarting, its pod rescheduled) is not counted: it makes no
     rollouts meanwhile, the others go on, and ``sync`` sends it the current version once it is back.
-    Counting it stopped the trainer when a replica took three updates to restart (tests/faults)."""
+    Counting it would stop the trainer whenever a replica's restart outlasts ``max_failures`` updates,
+    though no replica refused anything."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ One ``TorchTrainer`` starts with the run (``WorkerGroup``); each of its workers 
 critic once, FSDP-sharded across the workers (``sharding=fsdp``, verl's) or as whole copies
 (``replicate``), then serves requests until the run ends: load a state, take an update. The driver puts
 a request's payload in Ray's object store once and a reference to it on every worker's queue; rank 0
-answers on the results queue. Ray's start-up (about 20 s here) is paid once, not per update.
+answers on the results queue. Ray's start-up (seconds) is paid once, not per update.
 
 An update: every worker runs the no-gradient passes and the advantages on the whole batch (identical
 everywhere; this keeps batch-wide whitening and GRPO groups exact), then takes its share of each
@@ -16,7 +16,7 @@ The driver keeps a CPU copy of the trainable state (``RayUpdater.local``), refre
 update, from which checkpoints and pushed weights are written: the same files as one process writes.
 On a cluster the driver and the workers share nothing but Ray: a LoRA state is megabytes; a fully
 fine-tuned 7B state (weights and AdamW moments, ~85 GB) should instead be written by the workers to
-shared storage (README, GPU sizing), which is not built.
+shared storage (bench/trainer_gpu_sizing.py sizes it), which is not built.
 """
 
 from __future__ import annotations

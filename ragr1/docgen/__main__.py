@@ -1,0 +1,3 @@
+from ragr1.docgen import main
+
+main()
