@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-TRACEBACK_ENV = "RAGR1_TRACEBACK"
-
 from ragr1.services.common import lifeline
+
+TRACEBACK_ENV = "RAGR1_TRACEBACK"
 
 # Modules with a ``register(commands, serve)`` function, in the order their commands are listed.
 COMMAND_MODULES = [
