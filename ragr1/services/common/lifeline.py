@@ -84,8 +84,11 @@ def watch() -> None:
 
 
 def die_with_parent(command: list[str]) -> list[str]:
-    """``command`` run so that the kernel SIGKILLs it when the thread that starts it ends (``setpriv
-    --pdeathsig``, util-linux; the command unchanged where setpriv is missing). Start such children from a
-    thread that lives as long as the owner (the main thread)."""
+    """``command`` run so that the kernel SIGKILLs it when its owner dies (``setpriv --pdeathsig``,
+    util-linux). The kernel sends that signal when the *thread* that started the child ends, so only a child
+    started from the main thread, which lives as long as the process, gets it; elsewhere, or without
+    setpriv, the command is returned unchanged."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", *command] if setpriv else command
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return command
+    return [setpriv, "--pdeathsig", "KILL", *command]
