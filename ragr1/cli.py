@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ragr1.errors import ServiceCallError
+
 # Modules with a ``register(commands, serve)`` function, in the order their commands are listed.
 COMMAND_MODULES = [
     "ragr1.services.common.cli",
@@ -41,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ServiceCallError) as exc:
         print(f"ragr1 {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

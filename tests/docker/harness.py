@@ -455,8 +455,7 @@ def check_failure_drills(compose: list[str], env: dict[str, str], token: str) ->
     """What a user sees when things go wrong, with the stack up: bad input is refused naming the
     limit; a shard down makes the router answer UNAVAILABLE naming the shard, and it serves again
     once the shard is back. (These also give the dashboards' error panels their series.)"""
-    import grpc
-
+    from ragr1.errors import ServiceCallError
     from ragr1.services.common.client import ChannelOptions
     from ragr1.services.retriever.client import RetrieverClient
 
@@ -465,8 +464,8 @@ def check_failure_drills(compose: list[str], env: dict[str, str], token: str) ->
             try:
                 reply = client.search(["Hamlet author"], top_k)
                 return "OK", str(len(reply.results[0].passages))
-            except grpc.RpcError as exc:
-                return exc.code().name, exc.details() or ""
+            except ServiceCallError as exc:
+                return exc.code.name, exc.message
 
     code, details = search(0)
     if code != "INVALID_ARGUMENT" or "top_k" not in details:
