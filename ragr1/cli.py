@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ragr1.errors import ServiceCallError
 from ragr1.services.common import lifeline
 
 TRACEBACK_ENV = "RAGR1_TRACEBACK"
@@ -61,6 +62,8 @@ def explain(exc: BaseException) -> tuple[int, str]:
 
     from ragr1.stack.supervisor import StackError
 
+    if isinstance(exc, ServiceCallError):  # one line already: the call, its status and the service's message
+        return 2 if exc.code is grpc.StatusCode.INVALID_ARGUMENT else 1, str(exc)
     if isinstance(exc, StackError):  # a service of the local stack would not start or died; it names the log
         return 1, str(exc)
     if isinstance(exc, grpc.RpcError):

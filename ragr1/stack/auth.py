@@ -14,7 +14,8 @@ import secrets
 from pathlib import Path
 
 from ragr1.services.common.client import TOKEN_ENV, ChannelOptions
-from ragr1.services.common.config import env_name, read_secret, write_secret
+from ragr1.services.common.config import env_name, write_secret
+from ragr1.services.common.wire import read_secret
 
 # The setting of every server (ServerConfig) and of the queue's users (QueueConfig) that the files feed.
 SERVER_TOKEN_ENV = env_name("auth_token_file")

@@ -29,14 +29,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
 from tqdm import tqdm
 
+from ragr1.errors import ServiceCallError
 from ragr1.models import find_model, policy_checkpoint
 from ragr1.services.common.config import check_at_least, check_choice, flags, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
-from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.config import SFTConfig
 from ragr1.services.trainer.steplog import StepLog
@@ -221,6 +220,10 @@ class Demo:
             result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
+        # Here, not at the top: the checkpoints are torch's, and ``ragr1 --help`` (which reads this module's
+        # DemoConfig) must not load torch (the reward and retriever images have none).
+        from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
+
         latest = Checkpointer(out / "checkpoints").latest()
         if latest is None:
             raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
@@ -254,7 +257,7 @@ class Demo:
                     raise StackError(supervisor.describe_death(dead[0]))
                 try:
                     version = int(trainer.status(timeout=5).policy_version)
-                except grpc.RpcError:  # the trainer stops its server once it is done
+                except ServiceCallError:  # the trainer stops its server once it is done
                     version = start_version + done
                 if version - start_version > done:
                     bar.update(version - start_version - done)

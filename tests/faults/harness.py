@@ -48,6 +48,7 @@ from typing import Any
 import grpc
 import redis
 
+from ragr1.errors import ServiceCallError
 from ragr1.models import policy_checkpoint
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS
@@ -218,7 +219,7 @@ class Chaos:
         try:
             with PolicyClient(target, self.options) as client:
                 served = client.weight_version(timeout=5).version
-        except grpc.RpcError:
+        except ServiceCallError:
             return  # still starting
         fault.detail.setdefault("back_at_version", served)
         if served < self.version():

@@ -1,4 +1,5 @@
-"""Shared fixtures: a slice of the shipped corpus, its indexes (1, 2, 3 shards), real questions.
+"""Shared fixtures: a slice of the shipped corpus, its indexes (1, 2, 3 shards), real questions, and a
+running retriever (a router over two shard processes) that the tests of its clients share.
 
 The slice is the first ``SLICE`` passages of ``data/corpus``: the ten paragraphs (gold and
 distractors) of the first ~200 HotpotQA training questions. Embeddings are cached under
@@ -18,6 +19,7 @@ from ragr1.services.retriever.build import build_index
 from ragr1.services.retriever.corpus import PassageStore, read_corpus, write_store
 from ragr1.services.retriever.encoder import DEFAULT_ENCODER, Encoder, EncoderSettings, preset
 from ragr1.shipped import corpus_path, read_jsonl, train_path
+from tests.retriever.processes import start_router, start_shards
 
 SLICE = 2000
 EXTRA_QUESTIONS = 100
@@ -68,3 +70,17 @@ def processes() -> Iterator[list[ServiceProcess]]:
     yield started
     for p in started:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(index_dirs: dict[int, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A router process over two shard processes of the 2-shard index: its ``grpc`` target, ``http`` and
+    ``metrics`` URLs and the ``shards``' targets. Shared by every test that only calls it."""
+    logs = tmp_path_factory.mktemp("logs")
+    started: list[ServiceProcess] = []
+    try:
+        shards = start_shards(index_dirs[2], 2, logs, started)
+        yield {**start_router(index_dirs[2], shards, logs, started), "shards": shards}
+    finally:
+        for p in started:
+            p.stop()

@@ -14,7 +14,6 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,56 +22,21 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from ragr1.errors import ServiceCallError
 from ragr1.protogen import PROTO_DIR
 from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
-from ragr1.services.retriever.client import AsyncShardClient, RetrieverClient
+from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
 from ragr1.services.retriever.router import Router
 from ragr1.services.retriever.server import check_shards
+from ragr1.services.retriever.shard_client import AsyncShardClient
 from ragr1.v1 import retriever_pb2
 from tests.common import fuzz
+from tests.retriever.processes import start_router, start_shards
 
 QUERIES = ["Which Canadian rock band released a song called Counterparts?", "Neil Peart", "Modern Drummer"]
-
-
-def start_shards(index: Path, count: int, logs: Path, started: list[ServiceProcess]) -> list[str]:
-    common = ["serve", "retriever-shard", "--index", str(index), "--port", "0", "--metrics-port", "0"]
-    procs = [
-        ServiceProcess.ragr1(f"shard{i}", [*common, "--shard", str(i)], None, logs / f"shard{i}.log").launch()
-        for i in range(count)
-    ]
-    started += procs
-    return [str(p.wait_started().target) for p in procs]
-
-
-def start_router(
-    index: Path, shards: list[str], logs: Path, started: list[ServiceProcess], *extra: str
-) -> dict[str, str]:
-    """Starts a router; returns its gRPC target and its HTTP and metrics URLs."""
-    args = ["serve", "retriever", "--index", str(index), "--shards", ",".join(shards), "--port", "0"]
-    p = ServiceProcess.ragr1(
-        "router", [*args, "--metrics-port", "0", "--http-port", "0", *extra], None, logs / "router.log"
-    )
-    started.append(p)
-    p.start()
-    ready = p.wait_ready(10, "retriever")
-    http = p.wait_ready(10, "retriever-http")["http"]
-    return {"grpc": str(p.target), "http": http, "metrics": f"http://127.0.0.1:{ready['metrics']}/metrics"}
-
-
-@pytest.fixture(scope="module")
-def cluster(index_dirs: dict[int, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """A router process over two shard processes of the 2-shard index."""
-    logs = tmp_path_factory.mktemp("logs")
-    started: list[ServiceProcess] = []
-    try:
-        shards = start_shards(index_dirs[2], 2, logs, started)
-        yield {**start_router(index_dirs[2], shards, logs, started), "shards": shards}
-    finally:
-        for p in started:
-            p.stop()
 
 
 def post(url: str, body: bytes) -> tuple[int, dict]:
@@ -155,10 +119,11 @@ def test_grpc_bad_input_is_invalid_argument_naming_the_limit(cluster: dict) -> N
             (["x" * 2049], 3, "max_query_chars=2048"),
             (["q"] * 513, 3, "too many queries: 513 > max_queries=512"),
         ]:
-            with pytest.raises(grpc.RpcError) as err:
+            with pytest.raises(ServiceCallError) as err:
                 client.search(queries, top_k)
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert message in err.value.details()
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in err.value.message
+            assert f"ragr1.v1.Retriever/Search at {cluster['grpc']}: INVALID_ARGUMENT: " in str(err.value)
 
 
 def test_router_exports_its_metrics(cluster: dict) -> None:

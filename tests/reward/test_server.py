@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
+from ragr1.errors import ServiceCallError
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.reward.client import AsyncRewardClient, RewardClient
@@ -96,10 +97,10 @@ def test_spans_are_scored_on_what_the_model_generated(client: RewardClient) -> N
 
 def test_a_span_without_a_kind_is_refused(client: RewardClient) -> None:
     item = reward_pb2.ScoreItem(spans=[common_pb2.ResponseSpan(text="<answer> x </answer>")], golden_answers=["x"])
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(ServiceCallError) as err:
         client.score([item])
-    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "items[0].spans[0].kind is 0: say who wrote the span" in str(err.value.details())
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "items[0].spans[0].kind is 0: say who wrote the span" in err.value.message
 
 
 def test_bad_items_get_reasons_not_errors(client: RewardClient) -> None:
@@ -135,10 +136,10 @@ def test_empty_batch(client: RewardClient) -> None:
 def test_malformed_requests_are_invalid_argument(
     client: RewardClient, items: list[reward_pb2.ScoreItem], message: str
 ) -> None:
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(ServiceCallError) as caught:
         client.score(items)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert message in caught.value.details()
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in caught.value.message
 
 
 def test_invalid_utf8_is_invalid_argument(server: Server) -> None:
@@ -194,8 +195,8 @@ def test_a_message_over_the_size_cap_is_refused_and_the_service_goes_on(tmp_path
     target = f"127.0.0.1:{port}"
     log = tmp_path / "server.log"
     with ServiceProcess.ragr1("reward", args, target, log, start_timeout=60), RewardClient(target) as c:
-        with pytest.raises(grpc.RpcError) as caught:
+        with pytest.raises(ServiceCallError) as caught:
             c.score([_item("x" * 100_000, ["x"])])
-        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert c.health()
         assert c.score([_item("Paris", ["Paris"])])[0].exact_match == 1.0

@@ -69,3 +69,18 @@ def test_demo_takes_a_preset_or_a_config_file_not_both(
     assert main(["demo", "--preset", "tiny"]) == 2
     assert "no demo preset 'tiny'" in capsys.readouterr().err
     assert demo == []
+
+
+def test_a_failed_service_call_is_one_line_naming_the_service_status_and_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``ragr1 eval`` against a policy address where nothing listens: real gRPC, refused connection."""
+    from ragr1.services.common.redis_server import free_port
+
+    target = f"127.0.0.1:{free_port()}"
+    code = main(["eval", "--policy", target, "--benchmarks", "nq", "--limit", "1", "--mode", "none"])
+    err = capsys.readouterr().err
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"ragr1 eval: error: ragr1.v1.Policy/Rollout at {target}: UNAVAILABLE: "), err

@@ -5,7 +5,13 @@ stub, and so does every internal caller (the policy's retriever and reward backe
 weight publisher, the router's shard clients). The base opens the channel, attaches the bearer token
 and a default deadline to every call made on it (a channel interceptor, so no call can forget them),
 caps message sizes, answers ``health()`` for the service named by the stub's own descriptor, and is
-a context manager.
+a context manager. The two are twins: a service's sync and async clients have the same methods with
+the same arguments (``timeout``, the call's deadline in seconds, last; ``None``: the client's default).
+Every method raises ``ragr1.errors.ServiceCallError`` when a call fails; ``self.stub``, the generated
+stub itself, stays there for raw gRPC.
+
+This module and the clients load grpcio, protobuf and the generated stubs, nothing of the servers: the
+clients install alone (``pip install ragr1`` with no extra).
 
 In a deployment every client of a process is configured at once through the environment (the Helm
 chart and the compose file set these from their secrets): ``RAGR1_CLIENT_CA_FILE`` (trust this CA:
@@ -26,13 +32,25 @@ from typing import Any, Generic, Self, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragr1.services.common.config import read_secret
-from ragr1.services.common.server import DEFAULT_MAX_MESSAGE_BYTES, service_name
+from ragr1.errors import ServiceCallError
+from ragr1.services.common.wire import DEFAULT_MAX_MESSAGE_BYTES, read_secret, service_name
+
+__all__ = [
+    "AsyncClient",
+    "ChannelOptions",
+    "Client",
+    "HealthClient",
+    "ServiceCallError",
+    "open_aio_channel",
+    "open_channel",
+    "service_name",
+]
 
 CLIENT_ENV_PREFIX = "RAGR1_CLIENT_"
 TOKEN_ENV = CLIENT_ENV_PREFIX + "TOKEN_FILE"
 DEFAULT_HEALTH_TIMEOUT = 5.0
 _SERVING = health_pb2.HealthCheckResponse.SERVING
+_HEALTH_SERVICE = "grpc.health.v1.Health"
 
 
 def _from_env(name: str) -> str:
@@ -183,6 +201,11 @@ class _ClientBase(Generic[StubT]):
     def _health_request(self, service: str | None) -> health_pb2.HealthCheckRequest:
         return health_pb2.HealthCheckRequest(service=self.service if service is None else service)
 
+    def _failed(self, error: grpc.RpcError, method: str, service: str | None = None) -> ServiceCallError:
+        return ServiceCallError.from_rpc_error(
+            error, service=self.service if service is None else service, method=method, target=self.target
+        )
+
 
 class Client(_ClientBase[StubT]):
     """A blocking client of one service: ``self.stub`` calls it. Use it as a context manager."""
@@ -193,9 +216,19 @@ class Client(_ClientBase[StubT]):
         self.stub: StubT = self.stub_type(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
+    def _call(self, method: str, request: Any, timeout: float | None) -> Any:
+        """``self.stub.<method>(request)`` with the call's deadline; a failure raised as ``ServiceCallError``."""
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._failed(exc, method) from exc
+
     def health(self, timeout: float = DEFAULT_HEALTH_TIMEOUT, service: str | None = None) -> bool:
         """True when the server reports the service (``""``: the whole server) SERVING."""
-        reply = self._health.Check(self._health_request(service), timeout=timeout)
+        try:
+            reply = self._health.Check(self._health_request(service), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._failed(exc, "Check", _HEALTH_SERVICE) from exc
         return bool(reply.status == _SERVING)
 
     def close(self) -> None:
@@ -234,10 +267,21 @@ class AsyncClient(_ClientBase[StubT]):
         assert self._stub is not None
         return self._stub
 
+    async def _call(self, method: str, request: Any, timeout: float | None) -> Any:
+        """The twin of ``Client._call``."""
+        try:
+            return await getattr(self.stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._failed(exc, method) from exc
+
     async def health(self, timeout: float = DEFAULT_HEALTH_TIMEOUT, service: str | None = None) -> bool:
+        """True when the server reports the service (``""``: the whole server) SERVING."""
         self._open()
         assert self._health is not None
-        reply = await self._health.Check(self._health_request(service), timeout=timeout)
+        try:
+            reply = await self._health.Check(self._health_request(service), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._failed(exc, "Check", _HEALTH_SERVICE) from exc
         return bool(reply.status == _SERVING)
 
     async def close(self) -> None:

@@ -80,18 +80,6 @@ class ServerTLS(Validated):
             raise ValueError("TLS needs both tls_cert_file and tls_key_file")
 
 
-def read_secret(path: str, what: str) -> str:
-    """The secret held in the file ``path`` (a token, a password), stripped; an error names ``what`` and
-    the file, never the content."""
-    try:
-        secret = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from exc
-    if not secret:
-        raise ValueError(f"{what} {path} is empty")
-    return secret
-
-
 def write_secret(path: Path, text: str) -> Path:
     """Writes ``text`` to ``path`` readable by its owner only (mode 0600 from creation on)."""
     path.touch(mode=0o600)

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import grpc
-
+from ragr1.errors import ServiceCallError
 from ragr1.services.common import lifeline
 from ragr1.services.common.client import ChannelOptions, HealthClient
 
@@ -35,7 +34,7 @@ def wait_serving(target: str, timeout: float, options: ChannelOptions | None = N
             try:
                 if client.health(timeout=1.0, service=service):
                     return
-            except grpc.RpcError:
+            except ServiceCallError:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{target} not SERVING after {timeout:.0f}s")

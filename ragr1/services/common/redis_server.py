@@ -22,7 +22,8 @@ from typing import Any
 import redis
 
 from ragr1.services.common import lifeline, ports
-from ragr1.services.common.config import ServerTLS, read_secret, setting, write_secret
+from ragr1.services.common.config import ServerTLS, setting, write_secret
+from ragr1.services.common.wire import read_secret
 
 
 def find_redis_binary() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import importlib
 import inspect
 import logging
 import signal
@@ -28,12 +27,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragr1.services.common import errors, ports
-from ragr1.services.common.config import ServerTLS, read_secret, setting
+from ragr1.services.common.config import ServerTLS, setting
 from ragr1.services.common.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS, SERVING, serve_metrics
+from ragr1.services.common.wire import DEFAULT_MAX_MESSAGE_BYTES, read_secret, service_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
 
 ERROR_CODES: dict[type[errors.ServiceError], grpc.StatusCode] = {
@@ -50,18 +49,6 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         if cls in ERROR_CODES:
             return ERROR_CODES[cls]
     return grpc.StatusCode.INTERNAL
-
-
-def service_name(generated: type) -> str:
-    """``ragr1.v1.Retriever`` for ``RetrieverStub`` or ``RetrieverServicer`` (or a subclass of one), from
-    the descriptor of the ``_pb2`` module protoc generated beside their ``_pb2_grpc`` module: the proto is
-    the one home of a service's name."""
-    base = next((c for c in generated.__mro__ if c.__module__.endswith("_pb2_grpc")), None)
-    if base is None:
-        raise TypeError(f"{generated.__name__} is not a protoc-generated stub or servicer, nor derived from one")
-    messages = importlib.import_module(base.__module__.removesuffix("_grpc"))
-    service = base.__name__.removesuffix("Stub").removesuffix("Servicer")
-    return str(messages.DESCRIPTOR.services_by_name[service].full_name)
 
 
 @dataclasses.dataclass

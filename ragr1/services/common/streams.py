@@ -26,7 +26,8 @@ from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, read_secret, setting
+from ragr1.services.common.config import Validated, setting
+from ragr1.services.common.wire import read_secret
 
 log = logging.getLogger(__name__)
 

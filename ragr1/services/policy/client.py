@@ -1,4 +1,6 @@
-"""Clients of the policy service: ``PolicyClient`` (blocking) and ``AsyncPolicyClient`` (asyncio).
+"""Clients of the policy service: ``PolicyClient`` (blocking) and ``AsyncPolicyClient`` (asyncio), twins.
+Every call takes a ``timeout`` in seconds (``None``: the client's default) and raises
+``ragr1.errors.ServiceCallError`` when it fails.
 
 with PolicyClient("127.0.0.1:50052") as policy:
     rollouts = policy.rollout([common_pb2.PromptTask(id="1", question="Who wrote Hamlet?")])
@@ -46,7 +48,7 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
         sampling: common_pb2.SamplingParams | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.Rollout]:
-        return list(self.stub.Rollout(_rollout_request(tasks, sampling), timeout=timeout).rollouts)
+        return list(self._call("Rollout", _rollout_request(tasks, sampling), timeout).rollouts)
 
     def generate(
         self,
@@ -56,7 +58,7 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
         chat: bool = True,
         timeout: float | None = None,
     ) -> policy_pb2.GenerateResponse:
-        return self.stub.Generate(_generate_request(prompts, sampling, chat), timeout=timeout)
+        return self._call("Generate", _generate_request(prompts, sampling, chat), timeout)
 
     def update_weights(
         self,
@@ -65,10 +67,10 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
         in_flight: int = policy_pb2.IN_FLIGHT_POLICY_UNSPECIFIED,
         timeout: float | None = None,
     ) -> policy_pb2.UpdateWeightsResponse:
-        return self.stub.UpdateWeights(_update_request(version, checkpoint_path, in_flight), timeout=timeout)
+        return self._call("UpdateWeights", _update_request(version, checkpoint_path, in_flight), timeout)
 
     def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
-        return self.stub.GetWeightVersion(policy_pb2.GetWeightVersionRequest(), timeout=timeout)
+        return self._call("GetWeightVersion", policy_pb2.GetWeightVersionRequest(), timeout)
 
 
 class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
@@ -81,8 +83,7 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
         sampling: common_pb2.SamplingParams | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.Rollout]:
-        reply = await self.stub.Rollout(_rollout_request(tasks, sampling), timeout=timeout)
-        return list(reply.rollouts)
+        return list((await self._call("Rollout", _rollout_request(tasks, sampling), timeout)).rollouts)
 
     async def generate(
         self,
@@ -92,7 +93,7 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
         chat: bool = True,
         timeout: float | None = None,
     ) -> policy_pb2.GenerateResponse:
-        return await self.stub.Generate(_generate_request(prompts, sampling, chat), timeout=timeout)
+        return await self._call("Generate", _generate_request(prompts, sampling, chat), timeout)
 
     async def update_weights(
         self,
@@ -101,7 +102,7 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
         in_flight: int = policy_pb2.IN_FLIGHT_POLICY_UNSPECIFIED,
         timeout: float | None = None,
     ) -> policy_pb2.UpdateWeightsResponse:
-        return await self.stub.UpdateWeights(_update_request(version, checkpoint_path, in_flight), timeout=timeout)
+        return await self._call("UpdateWeights", _update_request(version, checkpoint_path, in_flight), timeout)
 
     async def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
-        return await self.stub.GetWeightVersion(policy_pb2.GetWeightVersionRequest(), timeout=timeout)
+        return await self._call("GetWeightVersion", policy_pb2.GetWeightVersionRequest(), timeout)

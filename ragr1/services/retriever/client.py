@@ -1,16 +1,20 @@
-"""Clients of the retriever: ``RetrieverClient`` (sync), ``AsyncRetrieverClient``, and the router's
-``AsyncShardClient`` for the shards. Every call takes a ``timeout`` in seconds (its gRPC deadline;
-``None``: the client's default)."""
+"""Clients of the retriever: ``RetrieverClient`` (blocking) and ``AsyncRetrieverClient`` (asyncio), twins.
+Every call takes a ``timeout`` in seconds (its gRPC deadline; ``None``: the client's default) and raises
+``ragr1.errors.ServiceCallError`` when it fails.
+
+    with RetrieverClient("127.0.0.1:50051") as retriever:
+        reply = retriever.search(["who wrote hamlet", "hamlet author"], top_k=3)
+        for result in reply.results:
+            print([p.title for p in result.passages])
+
+(The router's client of the shards, which sends embeddings, is ``shard_client.AsyncShardClient``.)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from ragr1.services.common.client import AsyncClient, Client, service_name
-from ragr1.services.retriever import convert
-from ragr1.services.retriever.results import Hit
 from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -47,11 +51,13 @@ class RetrieverClient(Client[retriever_pb2_grpc.RetrieverStub]):
         omit_text: bool = False,
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
+        """The ``top_k`` passages of every query, in order (``groups``: one group id per query; with
+        ``dedup_within_group`` a passage appears once per group)."""
         request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return self.stub.Search(request, timeout=timeout)
+        return self._call("Search", request, timeout)
 
     def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
-        return self.stub.Info(retriever_pb2.InfoRequest(), timeout=timeout)
+        return self._call("Info", retriever_pb2.InfoRequest(), timeout)
 
     def shards_ready(self, timeout: float | None = None) -> list[bool]:
         """Per shard, whether the router last saw it SERVING (its health service per shard)."""
@@ -73,24 +79,15 @@ class AsyncRetrieverClient(AsyncClient[retriever_pb2_grpc.RetrieverStub]):
         omit_text: bool = False,
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
+        """See ``RetrieverClient.search``."""
         request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return await self.stub.Search(request, timeout=timeout)
+        return await self._call("Search", request, timeout)
 
     async def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
-        return await self.stub.Info(retriever_pb2.InfoRequest(), timeout=timeout)
+        return await self._call("Info", retriever_pb2.InfoRequest(), timeout)
 
-
-class AsyncShardClient(AsyncClient[retriever_pb2_grpc.RetrieverShardStub]):
-    """One shard over gRPC, as the router's ``ShardBackend``."""
-
-    stub_type = retriever_pb2_grpc.RetrieverShardStub
-    default_timeout = DEFAULT_TIMEOUT_S
-
-    async def search(
-        self, embeddings: np.ndarray, top_k: int, omit_text: bool = False, timeout: float | None = None
-    ) -> list[list[Hit]]:
-        reply = await self.stub.SearchShard(convert.embeddings_to_pb(embeddings, top_k, omit_text), timeout=timeout)
-        return convert.results_from_pb(reply.results)
-
-    async def info(self, timeout: float | None = None) -> retriever_pb2.ShardInfoResponse:
-        return await self.stub.ShardInfo(retriever_pb2.ShardInfoRequest(), timeout=timeout)
+    async def shards_ready(self, timeout: float | None = None) -> list[bool]:
+        """See ``RetrieverClient.shards_ready``."""
+        deadline = self.timeout if timeout is None else timeout
+        count = (await self.info(timeout)).num_shards
+        return [await self.health(deadline, shard_health_service(s)) for s in range(count)]

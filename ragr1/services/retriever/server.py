@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2
 
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.retriever import metrics
-from ragr1.services.retriever.client import AsyncShardClient, shard_health_service
+from ragr1.services.retriever.client import shard_health_service
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.http_api import start_http
@@ -19,6 +19,7 @@ from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
 from ragr1.services.retriever.router import Limits, Router
 from ragr1.services.retriever.servicer import RetrieverServicer, RetrieverShardServicer
 from ragr1.services.retriever.shard import ShardSearcher
+from ragr1.services.retriever.shard_client import AsyncShardClient
 from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
 
 log = logging.getLogger(__name__)

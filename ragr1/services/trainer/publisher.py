@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from ragr1.errors import ServiceCallError
 from ragr1.services.common.client import TOKEN_ENV, ChannelOptions
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer import metrics
@@ -69,13 +70,13 @@ class WeightPublisher:
         for target, client in self._clients.items():
             try:
                 client.weight_version(timeout=timeout)
-            except grpc.RpcError as exc:
-                if exc.code() in _REFUSED:
+            except ServiceCallError as exc:
+                if exc.code in _REFUSED:
                     raise PublishError(
-                        f"policy replica {target} refuses the trainer: {exc.code().name}: {exc.details()}"
-                        + _hint(exc.code())
+                        f"policy replica {target} refuses the trainer: {exc.code.name}: {exc.message}"
+                        + _hint(exc.code)
                     ) from exc
-                log.warning("policy replica %s not reachable yet: %s", target, exc.details())
+                log.warning("policy replica %s not reachable yet: %s", target, exc.message)
 
     def publish(self, version: int, checkpoint: Path) -> dict[str, str]:
         """Returns replica -> "ok" or the error; raises ``PublishError`` at the bound (see the class),
@@ -117,7 +118,7 @@ class WeightPublisher:
         for target, client in self._clients.items():
             try:
                 served = client.weight_version(timeout=min(self.timeout, 5.0)).version
-            except grpc.RpcError:
+            except ServiceCallError:
                 continue
             if served >= version:
                 continue
@@ -127,16 +128,15 @@ class WeightPublisher:
             results[target] = failure[1] if failure else "ok"
         return results
 
-    def _push(self, target: str, version: int, path: str) -> tuple[grpc.StatusCode | None, str] | None:
+    def _push(self, target: str, version: int, path: str) -> tuple[grpc.StatusCode, str] | None:
         """One UpdateWeights call; None, or the failure's code and text (code: details, with a hint)."""
         start = time.perf_counter()
         try:
             self._clients[target].update_weights(version, path, policy_pb2.IN_FLIGHT_POLICY_FINISH)
             return None
-        except grpc.RpcError as exc:
-            code = exc.code()
-            metrics.WEIGHT_UPDATE_FAILURES.labels(code.name if code else "UNKNOWN").inc()
-            return code, f"{code.name if code else 'UNKNOWN'}: {exc.details()}{_hint(code)}"
+        except ServiceCallError as exc:
+            metrics.WEIGHT_UPDATE_FAILURES.labels(exc.code.name).inc()
+            return exc.code, f"{exc.code.name}: {exc.message}{_hint(exc.code)}"
         finally:
             metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - start)
 

@@ -27,8 +27,15 @@ app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version }}
 {{- end -}}
 
+{{/* The image of a role (list $ "reward"): <registry>/<repository>:<tag>. */}}
 {{- define "ragr1.image" -}}
-{{ printf "%s:%s" .Values.image.repository .Values.image.tag | quote }}
+{{- $root := index . 0 -}}
+{{- $image := index $root.Values.image (index . 1) -}}
+{{- $name := printf "%s:%s" $image.repository ($image.tag | default $root.Values.image.tag) -}}
+{{- with $root.Values.image.registry -}}
+{{- $name = printf "%s/%s" (trimSuffix "/" .) $name -}}
+{{- end -}}
+{{ $name | quote }}
 {{- end -}}
 
 {{- define "ragr1.metricsPort" -}}
