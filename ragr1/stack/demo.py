@@ -97,8 +97,11 @@ class DemoConfig(StackConfig):
         3, "dynamic sampling (DAPO's): groups of equal scores skipped per RL update, more sampled instead (0: off)"
     )
     rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
-    rl_lr: float = setting(1e-4, "RL actor learning rate (LoRA adapters)")
-    rl_lora_rank: int = setting(16, "RL LoRA rank (0: full fine-tune)")
+    # Unset: the trainer's own defaults (`ragr1 train ppo --help`), so the demo measures what a user gets.
+    rl_lr: float | None = setting(
+        None, "RL actor learning rate; None (unset): the trainer's default for the parameterisation (--rl-lora-rank)"
+    )
+    rl_lora_rank: int | None = setting(None, "RL LoRA rank (0: full fine-tune); None (unset): the trainer's default")
     rl_mini_batch: int = setting(4, "RL rollouts per clipped optimiser step (RAG-R1: 4 steps per batch)")
     rl_micro_batch: int = setting(2, "RL sequences per forward/backward")
     rl_mode: str = setting("multi", "search mode of the RL prompts: single or multi (RAG-R1 trains multi)")
