@@ -14,6 +14,8 @@ from ragr1.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 # Rollouts of a batch take minutes on a CPU; weight updates wait for running rollouts.
 DEFAULT_TIMEOUT = 600.0
 VERSION_TIMEOUT = 10.0
+# Info hashes the served checkpoint the first time it is asked for a version (seconds per GB).
+INFO_TIMEOUT = 300.0
 
 
 def _rollout_request(
@@ -70,6 +72,9 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
     def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
         return self.stub.GetWeightVersion(policy_pb2.GetWeightVersionRequest(), timeout=timeout)
 
+    def info(self, timeout: float = INFO_TIMEOUT) -> policy_pb2.PolicyInfoResponse:
+        return self.stub.Info(policy_pb2.PolicyInfoRequest(), timeout=timeout)
+
 
 class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
     stub_type = policy_pb2_grpc.PolicyStub
@@ -105,3 +110,6 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
 
     async def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
         return await self.stub.GetWeightVersion(policy_pb2.GetWeightVersionRequest(), timeout=timeout)
+
+    async def info(self, timeout: float = INFO_TIMEOUT) -> policy_pb2.PolicyInfoResponse:
+        return await self.stub.Info(policy_pb2.PolicyInfoRequest(), timeout=timeout)
