@@ -90,6 +90,7 @@ def test_query_cap_limits_what_the_retriever_sees(tokenizer: Any) -> None:
     out, _, search = run(tokenizer, script, max_queries_per_search=2)
     assert search.calls[0][0] == ["a", "b"]
     assert out[0].num_queries == 2
+    assert out[0].queries_dropped == 3  # counted (ragr1_policy_queries_dropped_total), since RAG-R1 runs them all
 
 
 def test_single_query_mode_sends_the_whole_query(tokenizer: Any) -> None:

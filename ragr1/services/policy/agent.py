@@ -162,6 +162,8 @@ class Trajectory:
     num_turns: int = 0
     retrieval_rounds: int = 0
     num_queries: int = 0
+    # Queries written past max_queries_per_search, not searched.
+    queries_dropped: int = 0
     invalid_actions: int = 0
     # (search round, passage) for every passage shown to the model.
     retrieved: list[tuple[int, Passage]] = dataclasses.field(default_factory=list)
@@ -304,6 +306,7 @@ class AgentLoop:
             elif self._final(t, turn):
                 t.end(TrajectoryStatus.NO_ANSWER, f"no <answer> after {t.num_turns} turns")
             elif action.kind == "search":
+                t.queries_dropped += action.dropped
                 searches.append((t, action))
             else:
                 t.invalid_actions += 1

@@ -236,6 +236,7 @@ class Policy:
         for t in trajectories:
             metrics.TURNS.observe(t.num_turns)
             metrics.QUERIES.observe(t.num_queries)
+            metrics.QUERIES_DROPPED.inc(t.queries_dropped)
             metrics.RETRIEVAL_ROUNDS.observe(t.retrieval_rounds)
             metrics.TRAJECTORIES.labels(t.status.name.lower()).inc()
             if t.first_token_seconds is not None:
