@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from ragr1.services.common.provenance import code_commit
 from ragr1.shipped import EVAL_BENCHMARKS
 from ragr1.stack import evaluate
 from ragr1.stack.demo import Demo, DemoConfig, StageResult
@@ -137,3 +139,19 @@ def test_the_demo_pairs_only_stages_evaluated_under_the_same_corpus_and_retrieve
     (refused,) = demo.refused_gains()
     assert (refused["from"], refused["to"]) == ("sft", "rl") and "corpus sha256 differs" in refused["reason"]
     assert all(g["exact_match"]["mean"] == 1.0 for g in demo.gains() if g["mode"] == "multi")
+
+
+def test_the_code_commit_is_the_checkout_s_and_unknown_elsewhere(tmp_path: Path) -> None:
+    assert code_commit(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert code_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert code_commit(tmp_path) == head + "-dirty"
+    # A folder inside someone else's checkout (a package installed in a project's tree) is not that code.
+    (tmp_path / "site").mkdir()
+    assert code_commit(tmp_path / "site") == "unknown"
