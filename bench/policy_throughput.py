@@ -119,10 +119,10 @@ class TransformersEngine:
         for row, request in enumerate(requests):
             tokens = new[row].tolist()[: request.max_tokens]
             n, stopped = self._cut(tokens, stop)
+            # As vLLM reports it: "stop" on a stop string or the end-of-sequence token, which stays last.
+            ended = stopped is not None or (n > 0 and tokens[n - 1] == self.tokenizer.eos_token_id)
             results.append(
-                Generation(
-                    tokens[:n], logprobs[row, :n].tolist(), stopped, "stop" if n < len(tokens) else "length"
-                )
+                Generation(tokens[:n], logprobs[row, :n].tolist(), stopped, "stop" if ended else "length")
             )
         return results
 

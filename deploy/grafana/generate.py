@@ -162,7 +162,9 @@ POLICY = Dashboard(
             Panel("Turns, retrieval rounds and queries per trajectory (mean)",
                   [(mean("ragr1_policy_turns_per_trajectory"), "turns"),
                    (mean("ragr1_policy_retrieval_rounds_per_trajectory"), "retrieval rounds"),
-                   (mean("ragr1_policy_queries_per_trajectory"), "queries")]),
+                   (mean("ragr1_policy_queries_per_trajectory"), "queries"),
+                   (rate("ragr1_policy_queries_dropped_total") + " / "
+                    + rate("ragr1_policy_queries_per_trajectory_count"), "queries past the cap, not searched")]),
             Panel("Trajectories by status", [(rate("ragr1_policy_trajectories_total", "status"), "{{status}}")],
                   unit="ops"),
             Panel("Rollout-worker prompts by outcome",

@@ -40,6 +40,8 @@ class Action:
     kind: str
     content: str = ""
     queries: tuple[str, ...] = ()
+    # Queries past the cap, which are not searched (RAG-R1 searches every one).
+    dropped: int = 0
 
 
 def parse_action(text: str, *, multi_query: bool, separator: str, max_queries: int) -> Action:
@@ -51,10 +53,11 @@ def parse_action(text: str, *, multi_query: bool, separator: str, max_queries: i
     if kind == "answer":
         return Action("answer", content)
     parts = content.split(separator) if multi_query and separator else [content]
-    queries = tuple(q.strip() for q in parts if q.strip())[: max(1, max_queries) if multi_query else 1]
+    found = tuple(q.strip() for q in parts if q.strip())
+    queries = found[: max(1, max_queries) if multi_query else 1]
     if not queries:
         return Action("invalid", content)
-    return Action("search", content, queries)
+    return Action("search", content, queries, len(found) - len(queries))
 
 
 # -- a whole response ------------------------------------------------------------------------------

@@ -4,6 +4,11 @@ A trajectory is a list of ``(text, generated)`` pieces: think + search (generate
 (inserted, built by ``information.InformationFormat`` exactly as the loop builds it), …, think + answer
 (generated). The prompt, the tags and the information layout all come from this package, so SFT teaches
 the token ids the policy's loop later shows the model.
+
+Each search queries the titles of the supporting paragraphs. In multi-query mode RL's parser
+(``grammar.parse_action``, RAG-R1's split) cuts a search at every separator, so a title that holds one
+("Paris, Texas") is searched with the separator replaced by a space; each information block is then built
+from the queries exactly as the parser reads them back, which is checked as the block is built.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
+from ragr1.agent.grammar import parse_action
 from ragr1.agent.information import InformationFormat, Passage
 from ragr1.agent.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
 
@@ -24,6 +30,13 @@ def think(text: str) -> str:
 
 def search_call(queries: Sequence[str], separator: str = QUERY_SEPARATOR) -> str:
     return "<search> " + f"{separator} ".join(queries) + " </search>"
+
+
+def search_query(title: str, separator: str = QUERY_SEPARATOR) -> str:
+    """``title`` as one multi-query search query: the separator, which would split it into several queries,
+    becomes a space ("Alice River, Queensland" -> "Alice River Queensland")."""
+    text = title.replace(separator, " ") if separator else title
+    return " ".join(text.split())
 
 
 def answer(text: str) -> str:
@@ -72,16 +85,21 @@ def trajectory(
         calls = [gold[i : i + max_queries] for i in range(0, len(gold), max_queries)]
     else:
         calls = [[g] for g in gold]
+    multi = mode is Mode.MULTI
     pieces: list[Piece] = []
     for n, call in enumerate(calls):
-        titles = [t for t, _ in call]
+        queries = [search_query(t, separator) if multi else t.strip() for t, _ in call]
         reason = (
-            f"I need to know about {', '.join(titles)} to answer the question."
+            f"I need to know about {', '.join(queries)} to answer the question."
             if n == 0
-            else f"I still need to know about {', '.join(titles)}."
+            else f"I still need to know about {', '.join(queries)}."
         )
-        pieces.append((think(reason) + search_call(titles, separator), True))
-        block = information.block(titles, _results(item, call, top_k, rng), mode is Mode.MULTI)
+        searched = think(reason) + search_call(queries, separator)
+        read = parse_action(searched, multi_query=multi, separator=separator, max_queries=max_queries).queries
+        if list(read) != queries:
+            raise ValueError(f"SFT search {searched!r} reads as {list(read)}, not as the queries {queries}")
+        pieces.append((searched, True))
+        block = information.block(queries, _results(item, call, top_k, rng), multi)
         pieces.append((block, False))
     conclusion = "The documents show" if calls else "I know"
     pieces.append((think(f"{conclusion} the answer is {item.answer}.") + answer(item.answer), True))

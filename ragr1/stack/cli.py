@@ -84,20 +84,25 @@ def _eval(config: EvalConfig) -> int:
             version = policy.weight_version().version + 1
             update = policy.update_weights(version, str(checkpoint))
             print(f"serving {checkpoint} as version {update.version}", flush=True)
-        summaries, records = [], []
+        info = policy.info()  # after the checkpoint load: the weights the numbers come from
+        summaries, records, every = [], [], []
         for name, questions in sets.items():
             for mode in modes:
                 rollouts, seconds = evaluate.run_questions(
                     lambda tasks: policy.rollout(tasks), questions, mode, batch_size=config.batch_size
                 )
+                every += rollouts
                 summary = evaluate.summarise(Path(name).name.split(".")[0], mode, rollouts, seconds)
                 summaries.append(summary)
                 records += [{"benchmark": summary.benchmark, "mode": mode, **evaluate.rollout_record(r)}
                             for r in rollouts]
                 print(evaluate.format_table([summary.row()]).splitlines()[-1], flush=True)
+    provenance = evaluate.provenance(info, every)
     print("\n" + evaluate.format_table([s.row() for s in summaries]))
+    print(evaluate.provenance_line(provenance))
     if config.out:
-        report = {"summaries": [dataclasses.asdict(s) for s in summaries], "questions": records}
+        report = {"provenance": provenance, "summaries": [dataclasses.asdict(s) for s in summaries],
+                  "questions": records}
         Path(config.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nwritten to {config.out}")
     return 0

@@ -96,8 +96,11 @@ class DemoConfig(StackConfig):
         3, "dynamic sampling (DAPO's): groups of equal scores skipped per RL update, more sampled instead (0: off)"
     )
     rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
-    rl_lr: float = setting(1e-4, "RL actor learning rate (LoRA adapters)")
-    rl_lora_rank: int = setting(16, "RL LoRA rank (0: full fine-tune)")
+    # Unset: the trainer's own defaults (`ragr1 train ppo --help`), so the demo measures what a user gets.
+    rl_lr: float | None = setting(
+        None, "RL actor learning rate; None (unset): the trainer's default for the parameterisation (--rl-lora-rank)"
+    )
+    rl_lora_rank: int | None = setting(None, "RL LoRA rank (0: full fine-tune); None (unset): the trainer's default")
     rl_mini_batch: int = setting(4, "RL rollouts per clipped optimiser step (RAG-R1: 4 steps per batch)")
     rl_micro_batch: int = setting(2, "RL sequences per forward/backward")
     rl_mode: str = setting("multi", "search mode of the RL prompts: single or multi (RAG-R1 trains multi)")
@@ -131,6 +134,8 @@ class StageResult:
     # Per question, keyed by (source, mode): rollout records in question order (for paired gains).
     records: list[dict[str, Any]]
     seconds: float
+    # What the numbers depend on (``evaluate.provenance``): corpus, retriever, checkpoint, sampling, seed, code.
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Demo:
@@ -173,8 +178,10 @@ class Demo:
     def evaluate(self, stage: str, policy: PolicyClient) -> StageResult:
         c = self.config
         version = policy.weight_version().version
+        info = policy.info()
         summaries: list[evaluate.EvalSummary] = []
         records: list[dict[str, Any]] = []
+        every: list[common_pb2.Rollout] = []
         start = time.perf_counter()
         with tqdm(total=len(EVAL_MODES) * len(self.eval_set), desc=f"evaluate {stage}", unit=" q") as bar:
             for mode in EVAL_MODES:
@@ -184,7 +191,10 @@ class Demo:
                 )
                 summaries += evaluate.summarise_sources(mode, rollouts, seconds)
                 records += [{"stage": stage, **evaluate.rollout_record(r)} for r in rollouts]
-        result = StageResult(stage, version, summaries, records, time.perf_counter() - start)
+                every += rollouts
+        result = StageResult(stage, version, summaries, records, time.perf_counter() - start,
+                             evaluate.provenance(info, every))
+        print(f"{stage}: {evaluate.provenance_line(result.provenance)}", flush=True)
         self.stages.append(result)
         return result
 
@@ -313,13 +323,25 @@ class Demo:
                             "exact_match": dataclasses.asdict(best.exact_match), "f1": dataclasses.asdict(best.f1)})
         return out
 
-    def gains(self) -> list[dict[str, Any]]:
-        """Per search mode, for every source and for all of them pooled ("all"): each stage against the one
-        before, on the same questions."""
-        out = []
+    def _pairs(self) -> Iterator[tuple[str, str, str]]:
+        """Each evaluated stage and the one evaluated before it, with why they must not be paired ("" if
+        they may: both evaluated under the same corpus and retriever)."""
         by_stage = {s.stage: s for s in self.stages}
         for earlier, later in itertools.pairwise(STAGES):
-            if earlier not in by_stage or later not in by_stage:
+            if earlier in by_stage and later in by_stage:
+                yield earlier, later, evaluate.incomparable(by_stage[earlier].provenance, by_stage[later].provenance)
+
+    def refused_gains(self) -> list[dict[str, str]]:
+        return [{"from": earlier, "to": later, "reason": f"not evaluated under the same corpus and retriever: {why}"}
+                for earlier, later, why in self._pairs() if why]
+
+    def gains(self) -> list[dict[str, Any]]:
+        """Per search mode, for every source and for all of them pooled ("all"): each stage against the one
+        before, on the same questions; never between stages evaluated under another corpus or retriever."""
+        out = []
+        by_stage = {s.stage: s for s in self.stages}
+        for earlier, later, why in self._pairs():
+            if why:
                 continue
             for source in [*self.config.sources, "all"]:
                 for mode in EVAL_MODES:
@@ -368,7 +390,7 @@ class Demo:
         sft_steps = StepLog(self.directory / "sft" / "sft_steps.jsonl").read()
         rl_steps = StepLog(self.rl_dir / "steps.jsonl").read()
         baselines = self.baselines()
-        gains = self.gains()
+        gains, refused = self.gains(), self.refused_gains()
         plots = {
             "training": str(report.plot_training(sft_steps, rl_steps, self.directory / "training.png")),
             "latency": str(report.plot_latencies(latencies, self.directory / "latency.png")),
@@ -379,10 +401,14 @@ class Demo:
             "phase_seconds": self.phases,
             "questions": {"eval": len(self.eval_set), "eval_file": str(self.eval_file),
                           "train_file": str(self.train_file), "rl_file": str(self.rl_file)},
+            # What the final numbers depend on; each stage's own (its checkpoint above all) is in "stages".
+            "provenance": self.stages[-1].provenance,
             "stages": [{"stage": s.stage, "policy_version": s.policy_version, "seconds": s.seconds,
-                        "summaries": [dataclasses.asdict(x) for x in s.summaries]} for s in self.stages],
+                        "provenance": s.provenance, "summaries": [dataclasses.asdict(x) for x in s.summaries]}
+                       for s in self.stages],
             "baselines": baselines,
             "gains": gains,
+            "gains_refused": refused,
             "policy_version": self.stages[-1].policy_version,
             "sft_checkpoint": str(sft_checkpoint),
             "sft_steps": sft_steps,
@@ -410,6 +436,8 @@ class Demo:
                       + " ".join(str(s.get("groups_skipped_uniform", 0)) for s in rl_steps)
                       + "; mean reward of every sampled rollout, skipped groups included: "
                       + " ".join(f"{s['reward_sampled']:.3f}" for s in rl_steps), flush=True)
+        for r in refused:
+            print(f"\nno paired gains {r['from']} -> {r['to']}: {r['reason']}", flush=True)
         print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)
         for g in gains:
             if g["mode"] != "none":

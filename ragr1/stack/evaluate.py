@@ -3,20 +3,27 @@ retriever and is scored by the reward service), and the rollouts are summed up p
 
 Greedy decoding by default: Search-R1's evaluation sampled by accident, which makes EM noisy. Every
 mean comes with a 95% bootstrap interval over the questions (``stats``).
+
+Every result is recorded with what makes it comparable (``provenance``): the corpus (content hash and
+size), the retriever (encoder, index type, top-k), the served checkpoint's hash, the loop's settings, the
+sampling settings and seeds the rollouts carry, and the code's commit; two evaluations are compared only
+when their corpus and retriever are the same (``incomparable``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ragr1.services.common.provenance import code_commit
 from ragr1.shipped import EVAL_BENCHMARKS, eval_path, read_jsonl, record_source
 from ragr1.stack.stats import Estimate, bootstrap
-from ragr1.v1 import common_pb2
+from ragr1.v1 import common_pb2, policy_pb2
 
 # "none" is the no-retrieval baseline: the prompt offers no search and the model answers in one turn.
 MODES = {
@@ -192,3 +199,58 @@ def rollout_record(r: common_pb2.Rollout) -> dict[str, Any]:
         # What the model wrote (the system's passages and feedback left out), as the reward read it.
         "generated": "".join(s.text for s in r.spans if s.kind == common_pb2.SPAN_KIND_GENERATED),
     }
+
+
+def _sampling(params: common_pb2.SamplingParams) -> dict[str, Any]:
+    return {"temperature": round(params.temperature, 6), "top_p": round(params.top_p, 6),
+            "max_tokens": params.max_tokens, "seed": params.seed, "stop": list(params.stop)}
+
+
+def provenance(info: policy_pb2.PolicyInfoResponse, rollouts: Sequence[common_pb2.Rollout] = ()) -> dict[str, Any]:
+    """What an evaluation's numbers depend on, from the policy's ``Info`` and the rollouts themselves (the
+    sampling settings they were generated with: every distinct one, in order of appearance)."""
+    r = info.retriever
+    sampling = list({json.dumps(_sampling(x.sampling), sort_keys=True): _sampling(x.sampling)
+                     for x in rollouts}.values())
+    return {
+        "corpus": {"sha256": r.corpus_sha256, "passages": r.num_passages},
+        "retriever": {"encoder": r.encoder, "index_type": r.index_type, "top_k": info.top_k,
+                      "shards": r.num_shards, "manifest_sha256": r.manifest_sha256,
+                      **({"error": info.retriever_error} if info.retriever_error else {})},
+        "checkpoint": {"path": info.checkpoint_path, "sha256": info.checkpoint_sha256,
+                       "weight_version": info.weight_version,
+                       **({"error": info.checkpoint_error} if info.checkpoint_error else {})},
+        "loop": {"default_mode": MODE_NAMES.get(info.mode, "default"), "max_turns": info.max_turns,
+                 "max_queries_per_search": info.max_queries_per_search,
+                 "query_separator": info.query_separator, "tokens_per_query": info.tokens_per_query,
+                 "max_model_len": info.max_model_len},
+        "sampling": sampling,
+        "default_sampling": _sampling(info.default_sampling),
+        "seed": {"engine": info.engine_seed, "requests": sorted({x.sampling.seed for x in rollouts})},
+        "code_commit": {"policy": info.code_commit, "evaluation": code_commit()},
+    }
+
+
+# What two evaluations must share for their numbers to be paired: the passages searched, and how.
+COMPARABLE = (("corpus", ("sha256", "passages")), ("retriever", ("encoder", "index_type", "top_k")))
+
+
+def incomparable(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Why evaluations with provenances ``a`` and ``b`` must not be compared ("" when they may be): a corpus
+    or retriever setting that differs, or one that is unknown (a retriever that did not describe itself)."""
+    for part, keys in COMPARABLE:
+        for key in keys:
+            x, y = a.get(part, {}).get(key), b.get(part, {}).get(key)
+            if x in (None, "", 0) or y in (None, "", 0):
+                return f"{part} {key} unknown"
+            if x != y:
+                return f"{part} {key} differs: {x!r} against {y!r}"
+    return ""
+
+
+def provenance_line(p: dict[str, Any]) -> str:
+    """One line for a terminal: corpus, retriever, checkpoint and commit."""
+    c, r, k = p["corpus"], p["retriever"], p["checkpoint"]
+    return (f"corpus sha256 {c['sha256'][:12] or '?'} ({c['passages']} passages); retriever {r['encoder'] or '?'} "
+            f"{r['index_type'] or '?'} top-{r['top_k']}; checkpoint v{k['weight_version']} sha256 "
+            f"{k['sha256'][:12] or '?'}; code {p['code_commit']['policy'][:12]}")

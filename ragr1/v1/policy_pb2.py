@@ -23,35 +23,40 @@ _sym_db = _symbol_database.Default()
 
 
 from ragr1.v1 import common_pb2 as ragr1_dot_v1_dot_common__pb2
+from ragr1.v1 import retriever_pb2 as ragr1_dot_v1_dot_retriever__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragr1/v1/policy.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\"a\n\x0eRolloutRequest\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.ragr1.v1.PromptTask\x12*\n\x08sampling\x18\x02 \x01(\x0b\x32\x18.ragr1.v1.SamplingParams\"6\n\x0fRolloutResponse\x12#\n\x08rollouts\x18\x01 \x03(\x0b\x32\x11.ragr1.v1.Rollout\"k\n\x0fGenerateRequest\x12\x0f\n\x07prompts\x18\x01 \x03(\t\x12*\n\x08sampling\x18\x02 \x01(\x0b\x32\x18.ragr1.v1.SamplingParams\x12\x1b\n\x13\x61pply_chat_template\x18\x03 \x01(\x08\"V\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"U\n\x10GenerateResponse\x12)\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x14.ragr1.v1.Completion\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"m\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\x12+\n\tin_flight\x18\x03 \x01(\x0e\x32\x18.ragr1.v1.InFlightPolicy\"9\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x19\n\x17GetWeightVersionRequest\"D\n\x18GetWeightVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t*k\n\x0eInFlightPolicy\x12 \n\x1cIN_FLIGHT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17IN_FLIGHT_POLICY_FINISH\x10\x01\x12\x1a\n\x16IN_FLIGHT_POLICY_ABORT\x10\x02\x32\xb8\x02\n\x06Policy\x12>\n\x07Rollout\x12\x18.ragr1.v1.RolloutRequest\x1a\x19.ragr1.v1.RolloutResponse\x12\x41\n\x08Generate\x12\x19.ragr1.v1.GenerateRequest\x1a\x1a.ragr1.v1.GenerateResponse\x12P\n\rUpdateWeights\x12\x1e.ragr1.v1.UpdateWeightsRequest\x1a\x1f.ragr1.v1.UpdateWeightsResponse\x12Y\n\x10GetWeightVersion\x12!.ragr1.v1.GetWeightVersionRequest\x1a\".ragr1.v1.GetWeightVersionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragr1/v1/policy.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\x1a\x18ragr1/v1/retriever.proto\"a\n\x0eRolloutRequest\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.ragr1.v1.PromptTask\x12*\n\x08sampling\x18\x02 \x01(\x0b\x32\x18.ragr1.v1.SamplingParams\"6\n\x0fRolloutResponse\x12#\n\x08rollouts\x18\x01 \x03(\x0b\x32\x11.ragr1.v1.Rollout\"k\n\x0fGenerateRequest\x12\x0f\n\x07prompts\x18\x01 \x03(\t\x12*\n\x08sampling\x18\x02 \x01(\x0b\x32\x18.ragr1.v1.SamplingParams\x12\x1b\n\x13\x61pply_chat_template\x18\x03 \x01(\x08\"V\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"U\n\x10GenerateResponse\x12)\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x14.ragr1.v1.Completion\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"m\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\x12+\n\tin_flight\x18\x03 \x01(\x0e\x32\x18.ragr1.v1.InFlightPolicy\"9\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x19\n\x17GetWeightVersionRequest\"D\n\x18GetWeightVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\"\x13\n\x11PolicyInfoRequest\"\xcc\x03\n\x12PolicyInfoResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\x12\x19\n\x11\x63heckpoint_sha256\x18\x03 \x01(\t\x12\x18\n\x10\x63heckpoint_error\x18\x10 \x01(\t\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.ragr1.v1.SearchMode\x12\x11\n\tmax_turns\x18\x05 \x01(\r\x12\x1e\n\x16max_queries_per_search\x18\x06 \x01(\r\x12\x17\n\x0fquery_separator\x18\x07 \x01(\t\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x18\n\x10tokens_per_query\x18\t \x01(\r\x12\x15\n\rmax_model_len\x18\n \x01(\r\x12\x32\n\x10\x64\x65\x66\x61ult_sampling\x18\x0b \x01(\x0b\x32\x18.ragr1.v1.SamplingParams\x12\x13\n\x0b\x65ngine_seed\x18\x0c \x01(\x04\x12)\n\tretriever\x18\r \x01(\x0b\x32\x16.ragr1.v1.InfoResponse\x12\x17\n\x0fretriever_error\x18\x0e \x01(\t\x12\x13\n\x0b\x63ode_commit\x18\x0f \x01(\t*k\n\x0eInFlightPolicy\x12 \n\x1cIN_FLIGHT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17IN_FLIGHT_POLICY_FINISH\x10\x01\x12\x1a\n\x16IN_FLIGHT_POLICY_ABORT\x10\x02\x32\xfb\x02\n\x06Policy\x12>\n\x07Rollout\x12\x18.ragr1.v1.RolloutRequest\x1a\x19.ragr1.v1.RolloutResponse\x12\x41\n\x08Generate\x12\x19.ragr1.v1.GenerateRequest\x1a\x1a.ragr1.v1.GenerateResponse\x12P\n\rUpdateWeights\x12\x1e.ragr1.v1.UpdateWeightsRequest\x1a\x1f.ragr1.v1.UpdateWeightsResponse\x12Y\n\x10GetWeightVersion\x12!.ragr1.v1.GetWeightVersionRequest\x1a\".ragr1.v1.GetWeightVersionResponse\x12\x41\n\x04Info\x12\x1b.ragr1.v1.PolicyInfoRequest\x1a\x1c.ragr1.v1.PolicyInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragr1.v1.policy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INFLIGHTPOLICY']._serialized_start=764
-  _globals['_INFLIGHTPOLICY']._serialized_end=871
-  _globals['_ROLLOUTREQUEST']._serialized_start=58
-  _globals['_ROLLOUTREQUEST']._serialized_end=155
-  _globals['_ROLLOUTRESPONSE']._serialized_start=157
-  _globals['_ROLLOUTRESPONSE']._serialized_end=211
-  _globals['_GENERATEREQUEST']._serialized_start=213
-  _globals['_GENERATEREQUEST']._serialized_end=320
-  _globals['_COMPLETION']._serialized_start=322
-  _globals['_COMPLETION']._serialized_end=408
-  _globals['_GENERATERESPONSE']._serialized_start=410
-  _globals['_GENERATERESPONSE']._serialized_end=495
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=497
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=606
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=608
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=665
-  _globals['_GETWEIGHTVERSIONREQUEST']._serialized_start=667
-  _globals['_GETWEIGHTVERSIONREQUEST']._serialized_end=692
-  _globals['_GETWEIGHTVERSIONRESPONSE']._serialized_start=694
-  _globals['_GETWEIGHTVERSIONRESPONSE']._serialized_end=762
-  _globals['_POLICY']._serialized_start=874
-  _globals['_POLICY']._serialized_end=1186
+  _globals['_INFLIGHTPOLICY']._serialized_start=1274
+  _globals['_INFLIGHTPOLICY']._serialized_end=1381
+  _globals['_ROLLOUTREQUEST']._serialized_start=84
+  _globals['_ROLLOUTREQUEST']._serialized_end=181
+  _globals['_ROLLOUTRESPONSE']._serialized_start=183
+  _globals['_ROLLOUTRESPONSE']._serialized_end=237
+  _globals['_GENERATEREQUEST']._serialized_start=239
+  _globals['_GENERATEREQUEST']._serialized_end=346
+  _globals['_COMPLETION']._serialized_start=348
+  _globals['_COMPLETION']._serialized_end=434
+  _globals['_GENERATERESPONSE']._serialized_start=436
+  _globals['_GENERATERESPONSE']._serialized_end=521
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=523
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=632
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=634
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=691
+  _globals['_GETWEIGHTVERSIONREQUEST']._serialized_start=693
+  _globals['_GETWEIGHTVERSIONREQUEST']._serialized_end=718
+  _globals['_GETWEIGHTVERSIONRESPONSE']._serialized_start=720
+  _globals['_GETWEIGHTVERSIONRESPONSE']._serialized_end=788
+  _globals['_POLICYINFOREQUEST']._serialized_start=790
+  _globals['_POLICYINFOREQUEST']._serialized_end=809
+  _globals['_POLICYINFORESPONSE']._serialized_start=812
+  _globals['_POLICYINFORESPONSE']._serialized_end=1272
+  _globals['_POLICY']._serialized_start=1384
+  _globals['_POLICY']._serialized_end=1763
 # @@protoc_insertion_point(module_scope)

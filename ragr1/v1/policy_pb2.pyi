@@ -1,4 +1,5 @@
 from ragr1.v1 import common_pb2 as _common_pb2
+from ragr1.v1 import retriever_pb2 as _retriever_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -90,3 +91,43 @@ class GetWeightVersionResponse(_message.Message):
     version: int
     checkpoint_path: str
     def __init__(self, version: _Optional[int] = ..., checkpoint_path: _Optional[str] = ...) -> None: ...
+
+class PolicyInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PolicyInfoResponse(_message.Message):
+    __slots__ = ("weight_version", "checkpoint_path", "checkpoint_sha256", "checkpoint_error", "mode", "max_turns", "max_queries_per_search", "query_separator", "top_k", "tokens_per_query", "max_model_len", "default_sampling", "engine_seed", "retriever", "retriever_error", "code_commit")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUERIES_PER_SEARCH_FIELD_NUMBER: _ClassVar[int]
+    QUERY_SEPARATOR_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_QUERY_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SEED_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVER_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVER_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CODE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    weight_version: int
+    checkpoint_path: str
+    checkpoint_sha256: str
+    checkpoint_error: str
+    mode: _common_pb2.SearchMode
+    max_turns: int
+    max_queries_per_search: int
+    query_separator: str
+    top_k: int
+    tokens_per_query: int
+    max_model_len: int
+    default_sampling: _common_pb2.SamplingParams
+    engine_seed: int
+    retriever: _retriever_pb2.InfoResponse
+    retriever_error: str
+    code_commit: str
+    def __init__(self, weight_version: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., checkpoint_sha256: _Optional[str] = ..., checkpoint_error: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., max_turns: _Optional[int] = ..., max_queries_per_search: _Optional[int] = ..., query_separator: _Optional[str] = ..., top_k: _Optional[int] = ..., tokens_per_query: _Optional[int] = ..., max_model_len: _Optional[int] = ..., default_sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., engine_seed: _Optional[int] = ..., retriever: _Optional[_Union[_retriever_pb2.InfoResponse, _Mapping]] = ..., retriever_error: _Optional[str] = ..., code_commit: _Optional[str] = ...) -> None: ...

@@ -55,6 +55,11 @@ class PolicyStub:
                 request_serializer=ragr1_dot_v1_dot_policy__pb2.GetWeightVersionRequest.SerializeToString,
                 response_deserializer=ragr1_dot_v1_dot_policy__pb2.GetWeightVersionResponse.FromString,
                 _registered_method=True)
+        self.Info = channel.unary_unary(
+                '/ragr1.v1.Policy/Info',
+                request_serializer=ragr1_dot_v1_dot_policy__pb2.PolicyInfoRequest.SerializeToString,
+                response_deserializer=ragr1_dot_v1_dot_policy__pb2.PolicyInfoResponse.FromString,
+                _registered_method=True)
 
 
 class PolicyServicer:
@@ -91,6 +96,14 @@ class PolicyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Info(self, request, context):
+        """What a result produced by this policy depends on: the served weights and their hash, the agent
+        loop's settings, the sampling defaults and engine seed, the retriever's index, the code's commit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolicyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +126,11 @@ def add_PolicyServicer_to_server(servicer, server):
                     servicer.GetWeightVersion,
                     request_deserializer=ragr1_dot_v1_dot_policy__pb2.GetWeightVersionRequest.FromString,
                     response_serializer=ragr1_dot_v1_dot_policy__pb2.GetWeightVersionResponse.SerializeToString,
+            ),
+            'Info': grpc.unary_unary_rpc_method_handler(
+                    servicer.Info,
+                    request_deserializer=ragr1_dot_v1_dot_policy__pb2.PolicyInfoRequest.FromString,
+                    response_serializer=ragr1_dot_v1_dot_policy__pb2.PolicyInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +242,33 @@ class Policy:
             '/ragr1.v1.Policy/GetWeightVersion',
             ragr1_dot_v1_dot_policy__pb2.GetWeightVersionRequest.SerializeToString,
             ragr1_dot_v1_dot_policy__pb2.GetWeightVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Info(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragr1.v1.Policy/Info',
+            ragr1_dot_v1_dot_policy__pb2.PolicyInfoRequest.SerializeToString,
+            ragr1_dot_v1_dot_policy__pb2.PolicyInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragr1.v1 import common_pb2 as ragr1_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragr1/v1/retriever.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\"n\n\rSearchRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x0e\n\x06groups\x18\x03 \x03(\r\x12\x1a\n\x12\x64\x65\x64up_within_group\x18\x04 \x01(\x08\x12\x11\n\tomit_text\x18\x05 \x01(\x08\"2\n\x0bQueryResult\x12#\n\x08passages\x18\x01 \x03(\x0b\x32\x11.ragr1.v1.Passage\"a\n\x0eSearchResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.QueryResult\x12\x0f\n\x07partial\x18\x02 \x01(\x08\x12\x16\n\x0emissing_shards\x18\x03 \x03(\r\"\r\n\x0bInfoRequest\"\xab\x01\n\x0cInfoResponse\x12\x0f\n\x07\x65ncoder\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x12\n\nindex_type\x18\x03 \x01(\t\x12\x12\n\nnum_shards\x18\x04 \x01(\r\x12\x14\n\x0cnum_passages\x18\x05 \x01(\x04\x12\x13\n\x0bmax_queries\x18\x06 \x01(\r\x12\x11\n\tmax_top_k\x18\x07 \x01(\r\x12\x17\n\x0fmax_query_chars\x18\x08 \x01(\r\"l\n\x12SearchShardRequest\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x13\n\x0bnum_queries\x18\x02 \x01(\r\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\tomit_text\x18\x05 \x01(\x08\"=\n\x13SearchShardResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.QueryResult\"\x12\n\x10ShardInfoRequest\"\x97\x01\n\x11ShardInfoResponse\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x14\n\x0cnum_passages\x18\x03 \x01(\x04\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x12\n\nindex_type\x18\x05 \x01(\t\x12\x0f\n\x07\x65ncoder\x18\x06 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x07 \x01(\t2\x7f\n\tRetriever\x12;\n\x06Search\x12\x17.ragr1.v1.SearchRequest\x1a\x18.ragr1.v1.SearchResponse\x12\x35\n\x04Info\x12\x15.ragr1.v1.InfoRequest\x1a\x16.ragr1.v1.InfoResponse2\xa2\x01\n\x0eRetrieverShard\x12J\n\x0bSearchShard\x12\x1c.ragr1.v1.SearchShardRequest\x1a\x1d.ragr1.v1.SearchShardResponse\x12\x44\n\tShardInfo\x12\x1a.ragr1.v1.ShardInfoRequest\x1a\x1b.ragr1.v1.ShardInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragr1/v1/retriever.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\"n\n\rSearchRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x0e\n\x06groups\x18\x03 \x03(\r\x12\x1a\n\x12\x64\x65\x64up_within_group\x18\x04 \x01(\x08\x12\x11\n\tomit_text\x18\x05 \x01(\x08\"2\n\x0bQueryResult\x12#\n\x08passages\x18\x01 \x03(\x0b\x32\x11.ragr1.v1.Passage\"a\n\x0eSearchResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.QueryResult\x12\x0f\n\x07partial\x18\x02 \x01(\x08\x12\x16\n\x0emissing_shards\x18\x03 \x03(\r\"\r\n\x0bInfoRequest\"\xdb\x01\n\x0cInfoResponse\x12\x0f\n\x07\x65ncoder\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x12\n\nindex_type\x18\x03 \x01(\t\x12\x12\n\nnum_shards\x18\x04 \x01(\r\x12\x14\n\x0cnum_passages\x18\x05 \x01(\x04\x12\x13\n\x0bmax_queries\x18\x06 \x01(\r\x12\x11\n\tmax_top_k\x18\x07 \x01(\r\x12\x17\n\x0fmax_query_chars\x18\x08 \x01(\r\x12\x15\n\rcorpus_sha256\x18\t \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\n \x01(\t\"l\n\x12SearchShardRequest\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x13\n\x0bnum_queries\x18\x02 \x01(\r\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\tomit_text\x18\x05 \x01(\x08\"=\n\x13SearchShardResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.QueryResult\"\x12\n\x10ShardInfoRequest\"\x97\x01\n\x11ShardInfoResponse\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x14\n\x0cnum_passages\x18\x03 \x01(\x04\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x12\n\nindex_type\x18\x05 \x01(\t\x12\x0f\n\x07\x65ncoder\x18\x06 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x07 \x01(\t2\x7f\n\tRetriever\x12;\n\x06Search\x12\x17.ragr1.v1.SearchRequest\x1a\x18.ragr1.v1.SearchResponse\x12\x35\n\x04Info\x12\x15.ragr1.v1.InfoRequest\x1a\x16.ragr1.v1.InfoResponse2\xa2\x01\n\x0eRetrieverShard\x12J\n\x0bSearchShard\x12\x1c.ragr1.v1.SearchShardRequest\x1a\x1d.ragr1.v1.SearchShardResponse\x12\x44\n\tShardInfo\x12\x1a.ragr1.v1.ShardInfoRequest\x1a\x1b.ragr1.v1.ShardInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,17 +41,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=324
   _globals['_INFOREQUEST']._serialized_end=337
   _globals['_INFORESPONSE']._serialized_start=340
-  _globals['_INFORESPONSE']._serialized_end=511
-  _globals['_SEARCHSHARDREQUEST']._serialized_start=513
-  _globals['_SEARCHSHARDREQUEST']._serialized_end=621
-  _globals['_SEARCHSHARDRESPONSE']._serialized_start=623
-  _globals['_SEARCHSHARDRESPONSE']._serialized_end=684
-  _globals['_SHARDINFOREQUEST']._serialized_start=686
-  _globals['_SHARDINFOREQUEST']._serialized_end=704
-  _globals['_SHARDINFORESPONSE']._serialized_start=707
-  _globals['_SHARDINFORESPONSE']._serialized_end=858
-  _globals['_RETRIEVER']._serialized_start=860
-  _globals['_RETRIEVER']._serialized_end=987
-  _globals['_RETRIEVERSHARD']._serialized_start=990
-  _globals['_RETRIEVERSHARD']._serialized_end=1152
+  _globals['_INFORESPONSE']._serialized_end=559
+  _globals['_SEARCHSHARDREQUEST']._serialized_start=561
+  _globals['_SEARCHSHARDREQUEST']._serialized_end=669
+  _globals['_SEARCHSHARDRESPONSE']._serialized_start=671
+  _globals['_SEARCHSHARDRESPONSE']._serialized_end=732
+  _globals['_SHARDINFOREQUEST']._serialized_start=734
+  _globals['_SHARDINFOREQUEST']._serialized_end=752
+  _globals['_SHARDINFORESPONSE']._serialized_start=755
+  _globals['_SHARDINFORESPONSE']._serialized_end=906
+  _globals['_RETRIEVER']._serialized_start=908
+  _globals['_RETRIEVER']._serialized_end=1035
+  _globals['_RETRIEVERSHARD']._serialized_start=1038
+  _globals['_RETRIEVERSHARD']._serialized_end=1200
 # @@protoc_insertion_point(module_scope)

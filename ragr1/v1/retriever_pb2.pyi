@@ -42,7 +42,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("encoder", "dim", "index_type", "num_shards", "num_passages", "max_queries", "max_top_k", "max_query_chars")
+    __slots__ = ("encoder", "dim", "index_type", "num_shards", "num_passages", "max_queries", "max_top_k", "max_query_chars", "corpus_sha256", "manifest_sha256")
     ENCODER_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INDEX_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,8 @@ class InfoResponse(_message.Message):
     MAX_QUERIES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOP_K_FIELD_NUMBER: _ClassVar[int]
     MAX_QUERY_CHARS_FIELD_NUMBER: _ClassVar[int]
+    CORPUS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     encoder: str
     dim: int
     index_type: str
@@ -59,7 +61,9 @@ class InfoResponse(_message.Message):
     max_queries: int
     max_top_k: int
     max_query_chars: int
-    def __init__(self, encoder: _Optional[str] = ..., dim: _Optional[int] = ..., index_type: _Optional[str] = ..., num_shards: _Optional[int] = ..., num_passages: _Optional[int] = ..., max_queries: _Optional[int] = ..., max_top_k: _Optional[int] = ..., max_query_chars: _Optional[int] = ...) -> None: ...
+    corpus_sha256: str
+    manifest_sha256: str
+    def __init__(self, encoder: _Optional[str] = ..., dim: _Optional[int] = ..., index_type: _Optional[str] = ..., num_shards: _Optional[int] = ..., num_passages: _Optional[int] = ..., max_queries: _Optional[int] = ..., max_top_k: _Optional[int] = ..., max_query_chars: _Optional[int] = ..., corpus_sha256: _Optional[str] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
 
 class SearchShardRequest(_message.Message):
     __slots__ = ("embeddings", "num_queries", "dim", "top_k", "omit_text")

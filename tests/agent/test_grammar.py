@@ -15,6 +15,7 @@ def test_multi_query_search_is_split_stripped_and_capped() -> None:
     action = parse("<think>two hops</think>\n<search> Hamlet author ,  Shakespeare birthplace,x,y </search>")
     assert action.kind == "search"
     assert action.queries == ("Hamlet author", "Shakespeare birthplace", "x")
+    assert action.dropped == 1  # "y": RAG-R1 would have searched it too
 
 
 def test_single_query_mode_keeps_the_whole_query() -> None:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from ragr1.agent.grammar import INFORMATION_CLOSE, INFORMATION_OPEN, parse_action
 from ragr1.agent.information import InformationFormat, Passage
-from ragr1.agent.prompts import Mode
+from ragr1.agent.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
 from ragr1.agent.sft import SupportedQuestion, trajectory
 from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Task, TrajectoryStatus
 from ragr1.services.trainer import data
-from ragr1.shipped import train_path
+from ragr1.shipped import TRAIN_SETS, train_path
 from tests.policy.scripted import ScriptedEngine
 
 
@@ -59,3 +61,50 @@ def test_pieces_of_each_mode(tokenizer: Any) -> None:
     assert sum(1 for _, generated in single if not generated) == len(titles)
     none = trajectory(item, Mode.NONE, information, top_k=3)
     assert none == [(f"<think> I know the answer is {item.answer}. </think>\n<answer> {item.answer} </answer>", True)]
+
+
+def _blocks(pieces: list[tuple[str, bool]]) -> list[tuple[str, str]]:
+    """(the generated text that searched, the information block inserted after it), in order."""
+    return [(pieces[i][0], pieces[i + 1][0]) for i in range(len(pieces) - 1) if pieces[i][1] and not pieces[i + 1][1]]
+
+
+def _shown(block: str, mode: Mode) -> tuple[list[str] | None, list[str]]:
+    """The queries a block names (multi-query's JSON; None in single-query mode, whose layout names none)
+    and the documents it shows, one string per query."""
+    assert block.startswith(INFORMATION_OPEN) and block.endswith(INFORMATION_CLOSE)
+    body = block[len(INFORMATION_OPEN) : -len(INFORMATION_CLOSE)]
+    if mode is Mode.SINGLE:
+        return None, [body]
+    layout = json.loads(body)
+    return list(layout["query"]), list(layout["documents"])
+
+
+@pytest.mark.parametrize("mode", [Mode.SINGLE, Mode.MULTI])
+def test_the_parser_reads_every_sft_search_as_the_queries_its_information_shows(tokenizer: Any, mode: Mode) -> None:
+    """Over every shipped training question: what RL's parser reads from each <search> of an SFT trajectory
+    is what the following <information> block shows documents for, nothing dropped by the query cap, every
+    supporting paragraph searched once. A comma inside a title must not become two queries at RL time."""
+    information = InformationFormat(tokenizer, 0)  # no cut: the layout is under test, not the budget
+    searches = misread = 0
+    examples = []
+    for name in TRAIN_SETS:
+        for item in data.load_supported_questions(train_path(name)):
+            pieces = trajectory(item, mode, information, top_k=1)
+            shown_gold: list[str] = []
+            for generated, block in _blocks(pieces):
+                action = parse_action(generated, multi_query=mode is Mode.MULTI, separator=QUERY_SEPARATOR,
+                                      max_queries=MAX_QUERIES)
+                assert action.kind == "search", generated
+                queries, documents = _shown(block, mode)
+                searches += 1
+                fragments = [q for q in action.content.split(QUERY_SEPARATOR) if q.strip()]
+                expected = queries if queries is not None else [action.content]
+                if list(action.queries) != expected or (mode is Mode.MULTI and len(fragments) > MAX_QUERIES):
+                    misread += 1
+                    examples.append((list(action.queries), expected))
+                assert len(documents) == len(action.queries) or misread
+                shown_gold += documents
+            # Every supporting paragraph is shown once, as the first document of its query.
+            wanted = [f'Doc 1: "{title}"\n{text}' for title, text in item.gold]
+            assert sorted(shown_gold) == sorted(wanted) or misread, item.question
+    assert misread == 0, f"{misread} of {searches} searches read differently, e.g. {examples[:3]}"

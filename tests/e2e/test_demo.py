@@ -33,6 +33,13 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert {"retriever-shard-0", "retriever-shard-1", "retriever", "reward", "policy", "trainer"} <= services
 
     report = json.loads((run_dir / "report.json").read_text())
+    # Each stage's numbers with what they depend on: one corpus and retriever for all, each stage's own weights.
+    provenances = [s["provenance"] for s in report["stages"]]
+    assert report["provenance"] == provenances[-1] and report["gains_refused"] == []
+    assert len({json.dumps([p["corpus"], p["retriever"]], sort_keys=True) for p in provenances}) == 1
+    assert len(provenances[0]["corpus"]["sha256"]) == 64 and provenances[0]["retriever"]["top_k"] == 3
+    assert len({p["checkpoint"]["sha256"] for p in provenances}) == 3
+    assert all(p["seed"]["engine"] == 0 and p["code_commit"]["policy"] for p in provenances)
     # Base is version 0, SFT was pushed as version 1, then one RL update through the queue published 2.
     assert [(s["stage"], s["policy_version"]) for s in report["stages"]] == [("base", 0), ("sft", 1), ("rl", 2)]
     assert [s["version"] for s in report["rl_steps"]] == [2]

@@ -16,6 +16,9 @@ from pathlib import Path
 import psutil
 
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
+from ragr1.models import prepare_policy_model
+from ragr1.services.common.hashing import checkpoint_sha256
+from ragr1.services.common.provenance import code_commit
 from ragr1.services.common.redis_server import free_port
 from ragr1.shipped import EVAL_BENCHMARKS
 from ragr1.stack.supervisor import port_in_use
@@ -94,6 +97,15 @@ def test_eval_through_the_running_stack(tmp_path: Path) -> None:
 
     report = json.loads(out.read_text())
     assert [s["benchmark"] for s in report["summaries"]] == list(EVAL_BENCHMARKS)
+    # What makes the numbers comparable: the 300 passages indexed, the retriever, the served weights' hash
+    # (SmolLM2 as shipped), greedy sampling as the rollouts carry it, the seeds and the code's commit.
+    p = report["provenance"]
+    assert p["corpus"]["passages"] == 300 and len(p["corpus"]["sha256"]) == 64
+    assert (p["retriever"]["encoder"], p["retriever"]["index_type"], p["retriever"]["top_k"]) == (
+        "all-MiniLM-L6-v2", "flat", 3)
+    assert p["checkpoint"]["sha256"] == checkpoint_sha256(prepare_policy_model())
+    assert [s["temperature"] for s in p["sampling"]] == [0.0] and p["seed"]["engine"] == 0
+    assert p["code_commit"]["policy"] == p["code_commit"]["evaluation"] == code_commit()
     rows = report["questions"]
     assert len(rows) == 2 * len(EVAL_BENCHMARKS)
     for row in rows:

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from transformers import AutoTokenizer, GenerationConfig
 
 from ragr1.agent.grammar import SpanKind, parse_spans
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK, Mode
 from ragr1.services.policy.agent import AgentLoop, Generation, LoopConfig, Sampling, Task, Trajectory, TrajectoryStatus
+from ragr1.services.policy.engine import to_generation
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 
 TWO_HOP = [
@@ -84,6 +90,7 @@ def test_query_cap_limits_what_the_retriever_sees(tokenizer: Any) -> None:
     out, _, search = run(tokenizer, script, max_queries_per_search=2)
     assert search.calls[0][0] == ["a", "b"]
     assert out[0].num_queries == 2
+    assert out[0].queries_dropped == 3  # counted (ragr1_policy_queries_dropped_total), since RAG-R1 runs them all
 
 
 def test_single_query_mode_sends_the_whole_query(tokenizer: Any) -> None:
@@ -197,30 +204,76 @@ def test_spans_say_who_wrote_every_piece(tokenizer: Any) -> None:
     assert parsed.answer == "Stratford-upon-Avon" and parsed.invalid_actions == 1
 
 
-class EndsOnEos(ScriptedEngine):
-    """A first turn that ends on end-of-sequence without an action, as a real engine returns it."""
+@pytest.fixture(scope="module")
+def two_eos_model(policy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's tokenizer with a generation config that lists two end-of-sequence ids, as Qwen2.5-Instruct's
+    does (<|im_end|> and <|endoftext|>); vLLM stops on every one of them."""
+    directory = tmp_path_factory.mktemp("two-eos")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (policy_model_dir / name).exists():
+            shutil.copy(policy_model_dir / name, directory / name)
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_model_dir))
+    eos = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    assert len(set(eos)) == 2
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return directory
+
+
+class EndsOnStopToken(ScriptedEngine):
+    """A first turn that ends on a stop token without an action, as vLLM returns it: the token last in the ids,
+    finish reason "stop", no stop string."""
+
+    def __init__(self, tokenizer: Any, script: dict[str, list[str]], token: int) -> None:
+        super().__init__(tokenizer, script)
+        self.token = token
 
     async def generate(self, requests, sampling, stop):  # type: ignore[no-untyped-def]
         out = await super().generate(requests, sampling, stop)
         if self.turns["q eos"] == 1:
             g = out[0]
-            out[0] = Generation([*g.token_ids, self.tokenizer.eos_token_id], [*g.logprobs, -0.5], None, "stop")
+            out[0] = Generation([*g.token_ids, self.token], [*g.logprobs, -0.5], None, "stop")
         return out
 
 
-def test_end_of_sequence_before_the_feedback_is_dropped(tokenizer: Any) -> None:
+@pytest.mark.parametrize("which", [0, 1])
+def test_every_end_of_sequence_id_of_the_generation_config_is_dropped_before_the_feedback(
+    two_eos_model: Path, which: int
+) -> None:
+    """Whichever end-of-sequence token the model stopped on (the tokenizer's, or another that its generation
+    config lists and vLLM stops on), it leaves the trajectory with its log-prob, so that PPO never trains on
+    the feedback appended after the model's own end of turn."""
+    tokenizer = AutoTokenizer.from_pretrained(str(two_eos_model))
+    token = GenerationConfig.from_pretrained(str(two_eos_model)).eos_token_id[which]
     script = {"q eos": ["I am not sure.", "<answer> x </answer>"]}
-    engine = EndsOnEos(tokenizer, script)
-    loop = AgentLoop(engine, ScriptedSearch(), tokenizer, LoopConfig())
+    loop = AgentLoop(EndsOnStopToken(tokenizer, script, token), ScriptedSearch(), tokenizer, LoopConfig())
     (t,) = asyncio.run(loop.run([Task("e", "q eos")], Sampling(max_tokens=64), version=0))
-    eos = tokenizer.eos_token_id
     assert t.status is TrajectoryStatus.ANSWERED and t.invalid_actions == 1
-    assert eos not in t.response_ids  # nothing is trained after the model's own end of turn
+    assert token not in t.response_ids  # nothing is trained after the model's own end of turn
     first = tokenizer.encode("I am not sure.", add_special_tokens=False)
     feedback = tokenizer.encode(INVALID_ACTION_FEEDBACK, add_special_tokens=False)
     assert t.response_ids[: len(first) + len(feedback)] == first + feedback
     assert t.loss_mask[: len(first) + len(feedback)] == [1] * len(first) + [0] * len(feedback)
     assert -0.5 not in t.logprobs
+    assert t.spans[0].text == "I am not sure."
+
+
+def _completion(ids: list[int], finish_reason: str, stop_reason: int | str | None) -> SimpleNamespace:
+    """The fields of vLLM's ``CompletionOutput`` that the engine reads."""
+    logprobs = [{t: SimpleNamespace(logprob=-0.1 * (i + 1))} for i, t in enumerate(ids)]
+    return SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
+
+
+def test_the_engine_reports_every_way_vllm_stops(tokenizer: Any) -> None:
+    """vLLM's stop reason is the stop string, None for the tokenizer's end-of-sequence token, or the id of
+    another stop token (the generation config's other end-of-sequence ids): only a string is a stop string."""
+    ids = tokenizer.encode("I am not sure.", add_special_tokens=False)
+    on_eos = to_generation(_completion([*ids, 2], "stop", None))
+    on_other = to_generation(_completion([*ids, 0], "stop", 0))
+    on_string = to_generation(_completion(tokenizer.encode("<answer> x </answer>"), "stop", "</answer>"))
+    cut = to_generation(_completion(ids, "length", None))
+    assert [g.ended_on_stop_token for g in (on_eos, on_other, on_string, cut)] == [True, True, False, False]
+    assert on_string.stop == "</answer>" and on_other.stop is None
+    assert on_other.logprobs == pytest.approx([-0.1 * (i + 1) for i in range(len(ids) + 1)])
 
 
 def test_no_retrieval_mode_answers_in_one_turn_and_never_searches(tokenizer: Any) -> None:

@@ -56,11 +56,14 @@ GENERATED_CLIENT = textwrap.dedent("""
     stub = retriever_pb2_grpc.RetrieverStub(grpc.insecure_channel(sys.argv[1]))
     reply = stub.Search(retriever_pb2.SearchRequest(queries=json.loads(sys.argv[3]), top_k=3), timeout=30)
     info = stub.Info(retriever_pb2.InfoRequest(), timeout=30)
-    print(json.dumps({"ids": [[p.id for p in r.passages] for r in reply.results], "shards": info.num_shards}))
+    print(json.dumps({"ids": [[p.id for p in r.passages] for r in reply.results], "shards": info.num_shards,
+                      "corpus": info.corpus_sha256, "manifest": info.manifest_sha256}))
 """)
 
 
-def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(cluster: dict, tmp_path: Path) -> None:
+def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(
+    cluster: dict, index_dirs: dict[int, Path], tmp_path: Path
+) -> None:
     from grpc_tools import protoc
 
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in (PROTO_DIR / "ragr1" / "v1").glob("*.proto"))
@@ -84,6 +87,9 @@ def test_a_client_generated_from_proto_alone_and_an_http_client_get_answers(clus
     assert out.returncode == 0, out.stderr
     generated = json.loads(out.stdout)
     assert generated["shards"] == 2
+    # What makes a number comparable: the corpus the index was built from, and the index itself.
+    manifest = LoadedManifest(index_dirs[2])
+    assert (generated["corpus"], generated["manifest"]) == (manifest.manifest.store_sha256, manifest.sha256)
     assert [len(ids) for ids in generated["ids"]] == [3, 3, 3]
 
     status, body = post(cluster["http"], json.dumps({"queries": QUERIES, "topk": 3, "return_scores": True}).encode())

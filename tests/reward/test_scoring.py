@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ragr1.agent.grammar import Span, SpanKind
+from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.process_reward import LexicalRelevance, Passage, Round, process_score
 from ragr1.services.reward.scoring import (
@@ -128,6 +130,25 @@ V03 = RewardSettings(Composition.search_r1_v03())
 )
 def test_search_r1_v03_scheme(response: str, total: float) -> None:
     assert RewardScorer(V03).score(ScoreInput(response, ["Paris"])).total == pytest.approx(total)
+
+
+@pytest.mark.parametrize(("answer", "total"), [("Paris", 0.8), ("Lyon", 0.1)])
+def test_a_turn_answered_by_the_invalid_action_feedback_makes_the_format_invalid(answer: str, total: float) -> None:
+    """Search-R1's is_valid_sequence reads the inserted "My previous action is invalid" text as content between
+    tags and calls the response invalid: a right answer after it earns 0.8, a wrong one 0.1 under v0.3."""
+    spans = [
+        Span("<think> I know this. </think>", SpanKind.GENERATED),
+        Span(INVALID_ACTION_FEEDBACK, SpanKind.FEEDBACK),
+        Span(f"<answer> {answer} </answer>", SpanKind.GENERATED),
+    ]
+    parts = RewardScorer(V03).score(ScoreInput(spans=spans, golden_answers=["Paris"]))
+    assert parts.extracted_answer == answer
+    assert parts.total == pytest.approx(total)
+    assert parts.format < 1.0 and "invalid_action" in parts.reasons
+    # The same response without the wasted turn is valid.
+    valid = RewardScorer(V03).score(ScoreInput(spans=[Span(spans[0].text + spans[2].text, SpanKind.GENERATED)],
+                                               golden_answers=["Paris"]))
+    assert valid.format == 1.0 and valid.total == pytest.approx({"Paris": 1.0, "Lyon": 0.2}[answer])
 
 
 def test_search_r1_v03_retrieval_bonus() -> None:

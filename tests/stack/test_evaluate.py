@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from ragr1.services.common.provenance import code_commit
 from ragr1.shipped import EVAL_BENCHMARKS
 from ragr1.stack import evaluate
+from ragr1.stack.demo import Demo, DemoConfig, StageResult
 from ragr1.stack.questions import split_questions
 from ragr1.stack.report import quantile
-from ragr1.v1 import common_pb2
+from ragr1.v1 import common_pb2, policy_pb2, retriever_pb2
 
 
 def test_every_benchmark_loads_and_bad_files_name_line_and_field(tmp_path: Path) -> None:
@@ -92,3 +95,63 @@ def test_each_source_is_summed_up_on_its_own() -> None:
     assert (musique.benchmark, musique.exact_match, musique.exact_match_ci) == ("musique", 0.0, (0.0, 0.0))
     assert hotpot.exact_match_ci[0] <= 0.5 <= hotpot.exact_match_ci[1]
     assert hotpot.seconds_per_question == musique.seconds_per_question == 2.0
+
+
+def _info(corpus: str = "c" * 64, top_k: int = 3, encoder: str = "all-MiniLM-L6-v2") -> policy_pb2.PolicyInfoResponse:
+    return policy_pb2.PolicyInfoResponse(
+        weight_version=1, checkpoint_path="/ckpt/v1", checkpoint_sha256="a" * 64, top_k=top_k, max_turns=4,
+        max_queries_per_search=3, query_separator=",", engine_seed=7, code_commit="abc123",
+        default_sampling=common_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=256),
+        retriever=retriever_pb2.InfoResponse(encoder=encoder, index_type="flat", num_passages=300, num_shards=2,
+                                             corpus_sha256=corpus, manifest_sha256="m" * 64),
+    )
+
+
+def test_an_evaluation_records_what_its_numbers_depend_on() -> None:
+    rollouts = [common_pb2.Rollout(sampling=common_pb2.SamplingParams(top_p=1.0, max_tokens=64)) for _ in range(3)]
+    p = evaluate.provenance(_info(), rollouts)
+    assert p["corpus"] == {"sha256": "c" * 64, "passages": 300}
+    assert (p["retriever"]["encoder"], p["retriever"]["index_type"], p["retriever"]["top_k"]) == (
+        "all-MiniLM-L6-v2", "flat", 3)
+    assert (p["checkpoint"]["sha256"], p["checkpoint"]["weight_version"]) == ("a" * 64, 1)
+    # Greedy evaluation: one sampling setting for every rollout, as they carry it.
+    assert p["sampling"] == [{"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "seed": 0, "stop": []}]
+    assert p["seed"] == {"engine": 7, "requests": [0]}
+    assert p["code_commit"]["policy"] == "abc123" and p["code_commit"]["evaluation"]
+    json.dumps(p)  # it goes into the JSON reports as it is
+    assert evaluate.incomparable(p, evaluate.provenance(_info(), [])) == ""
+    assert "corpus sha256 differs" in evaluate.incomparable(p, evaluate.provenance(_info(corpus="d" * 64)))
+    assert "retriever top_k differs: 3 against 5" in evaluate.incomparable(p, evaluate.provenance(_info(top_k=5)))
+    assert "retriever encoder unknown" in evaluate.incomparable(p, evaluate.provenance(_info(encoder="")))
+
+
+def test_the_demo_pairs_only_stages_evaluated_under_the_same_corpus_and_retriever(tmp_path: Path) -> None:
+    demo = Demo(DemoConfig(run_dir=str(tmp_path / "run"), sources=["hotpotqa"]))
+
+    def stage(name: str, em: float, info: policy_pb2.PolicyInfoResponse) -> StageResult:
+        records = [{"data_source": "hotpotqa", "mode": "multi", "question": f"q{i}", "exact_match": em, "f1": em}
+                   for i in range(4)]
+        return StageResult(name, 0, [], records, 1.0, evaluate.provenance(info))
+
+    demo.stages = [stage("base", 0.0, _info()), stage("sft", 1.0, _info()), stage("rl", 1.0, _info(corpus="d" * 64))]
+    pairs = {(g["from"], g["to"]) for g in demo.gains()}
+    assert pairs == {("base", "sft")}
+    (refused,) = demo.refused_gains()
+    assert (refused["from"], refused["to"]) == ("sft", "rl") and "corpus sha256 differs" in refused["reason"]
+    assert all(g["exact_match"]["mean"] == 1.0 for g in demo.gains() if g["mode"] == "multi")
+
+
+def test_the_code_commit_is_the_checkout_s_and_unknown_elsewhere(tmp_path: Path) -> None:
+    assert code_commit(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert code_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert code_commit(tmp_path) == head + "-dirty"
+    # A folder inside someone else's checkout (a package installed in a project's tree) is not that code.
+    (tmp_path / "site").mkdir()
+    assert code_commit(tmp_path / "site") == "unknown"

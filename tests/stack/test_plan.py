@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from ragr1.cli import build_parser
 from ragr1.services.common.config import from_args
 from ragr1.services.policy.config import PolicyConfig
@@ -61,3 +63,19 @@ def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> No
     assert (ppo.model, ppo.prompts_file, ppo.mode, ppo.start_version, ppo.batch_size, ppo.samples_per_prompt,
             ppo.actor_lr, ppo.port) == (
         str(tmp_path / "sft-model"), str(tmp_path / "rl.jsonl"), "single", 1, 12, 4, 2e-4, 41005)
+
+
+def test_the_demo_trains_with_the_trainer_s_default_learning_rates(tmp_path: Path) -> None:
+    """Unless told otherwise (or a preset says why), the demo's RL stage gets the rates a user of
+    ``ragr1 train ppo`` gets: no learning rate or LoRA rank on its command line."""
+    presets = sorted((Path(plan.__file__).parent / "presets").glob("*.yaml"))
+    assert presets
+    for config in [DemoConfig(run_dir=str(tmp_path / "run")),
+                   *(DemoConfig(run_dir=str(tmp_path / "run"), **yaml.safe_load(p.read_text())) for p in presets)]:
+        demo = Demo(config)
+        demo.model, demo.rl_file = tmp_path / "model", tmp_path / "rl.jsonl"
+        args = demo.rl_spec(tmp_path / "sft-model", 1).args
+        assert not {"--actor-lr", "--critic-lr", "--lora-rank"} & set(args)
+        ppo = from_args(PPOConfig, build_parser().parse_args(args))
+        assert (ppo.actor_learning_rate, ppo.critic_learning_rate) == (
+            PPOConfig().actor_learning_rate, PPOConfig().critic_learning_rate)

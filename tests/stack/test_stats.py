@@ -56,6 +56,10 @@ def test_demo_questions_leave_no_room_for_a_constant() -> None:
     assert stats.best_constant(popqa).exact_match.mean >= 0.2
 
 
+SAME_INDEX = {"corpus": {"sha256": "c" * 64, "passages": 40}, "retriever": {"encoder": "e", "index_type": "flat",
+                                                                           "top_k": 3}}
+
+
 def test_the_demo_pools_paired_gains_over_its_sources(tmp_path: Path) -> None:
     demo = Demo(DemoConfig(run_dir=str(tmp_path), sources=["hotpotqa", "musique"]))
 
@@ -63,8 +67,9 @@ def test_the_demo_pools_paired_gains_over_its_sources(tmp_path: Path) -> None:
         rows = [{"data_source": source, "mode": "single", "question": f"{source} q{i}", "exact_match": score,
                  "f1": score} for source, scores in (("hotpotqa", hotpot), ("musique", musique))
                 for i, score in enumerate(scores)]
-        # Listed musique first and in reverse, as a stage's records need not come in one order.
-        return StageResult(stage, 1, [], rows[::-1], 0.0)
+        # Listed musique first and in reverse, as a stage's records need not come in one order; both stages
+        # evaluated under one corpus and retriever, as the demo pairs only such stages.
+        return StageResult(stage, 1, [], rows[::-1], 0.0, SAME_INDEX)
 
     demo.stages = [records("sft", [0, 0], [1, 0]), records("rl", [1, 1], [1, 0])]
     single = {g["source"]: g for g in demo.gains() if g["mode"] == "single"}

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 import torch
+from transformers import GenerationConfig
 
 from ragr1.models import prepare_policy_model
 from ragr1.services.policy.agent import GenerationRequest, Sampling
@@ -73,6 +74,12 @@ def prompts(tokenizer: Any) -> list[list[int]]:
     ]
 
 
+def end_of_sequence_ids(model: Path) -> set[int]:
+    """Every id the model's generation config lists as its end of sequence (vLLM stops on each)."""
+    ids = GenerationConfig.from_pretrained(str(model)).eos_token_id
+    return set(ids if isinstance(ids, list) else [ids])
+
+
 def sample(
     engine: tuple[VllmEngine, asyncio.AbstractEventLoop], ids: list[list[int]], seed: int, version: int, tag: str
 ) -> list[common_pb2.Rollout]:
@@ -80,9 +87,14 @@ def sample(
     sampling = Sampling(temperature=TEMPERATURE, top_p=1.0, max_tokens=48)
     requests = [GenerationRequest(p, 48, seed + i) for i, p in enumerate(ids)]
     generations = loop.run_until_complete(vllm.generate(requests, sampling, ()))
+    # What the agent loop relies on to drop the token that ended a turn: a generation that vLLM stopped on
+    # a token (no stop strings here) says so, and that token, one its generation config lists, is last.
+    stop_ids = end_of_sequence_ids(vllm.settings.model)
     rollouts = []
     for i, (prompt, g) in enumerate(zip(ids, generations, strict=True)):
         assert g.token_ids, "the engine generated nothing"
+        assert g.ended_on_stop_token == (g.finish_reason == "stop")
+        assert not g.ended_on_stop_token or g.token_ids[-1] in stop_ids
         rollouts.append(
             common_pb2.Rollout(
                 id=f"{tag}-{i}",
@@ -104,6 +116,8 @@ def test_tempered_log_probs_equal_vllms_processed_log_probs(
 ) -> None:
     model = PolicyModel(prepare_policy_model(), bf16=False)
     rollouts = sample(engine, prompts(model.tokenizer), seed=1, version=0, tag="t")
+    stop_ids = end_of_sequence_ids(engine[0].settings.model)
+    assert any(r.response_token_ids[-1] in stop_ids for r in rollouts), "no answer ended on its own"
     samples = [to_sample(r) for r in rollouts]
     batch = collate([s.sequence for s in samples], model.pad_id, [s.temperature for s in samples])
     untempered = collate([s.sequence for s in samples], model.pad_id)
@@ -147,7 +161,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     vllm, loop = engine
     model_dir = prepare_policy_model()
     # The shipped defaults (LoRA r16, bf16 autocast, KL in the reward, alarm threshold), small batches.
-    config = PPOConfig(batch_size=4, mini_batch_size=2, max_updates=3, actor_lr=1e-4)
+    config = PPOConfig(batch_size=4, mini_batch_size=2, max_updates=3)
     updater = PPOUpdater.build(config, model_dir)
     settings = LoopSettings(
         batch_size=4,

@@ -51,6 +51,16 @@ def test_the_clip_acts_once_a_mini_batch_step_has_moved_the_policy(tiny_model_di
     assert split["approx_kl"] != 0.0
 
 
+@pytest.mark.parametrize(("lora_rank", "rates"), [(0, [1e-6, 1e-5]), (4, [1e-4, 1e-4])])
+def test_the_optimisers_start_from_the_learning_rates_of_the_parameterisation(
+    tiny_model_dir: Path, lora_rank: int, rates: list[float]
+) -> None:
+    updater = PPOUpdater.build(tiny_settings(lora_rank=lora_rank), tiny_model_dir)
+    assert [p.name for p in updater.parts] == ["actor", "critic"]
+    assert [p.optimizer.param_groups[0]["lr"] for p in updater.parts] == rates
+    assert [p.lr for p in updater.parts] == rates
+
+
 @pytest.mark.parametrize("lora_rank", [0, 4])
 def test_critic_and_actor_steps_never_touch_each_others_weights(tiny_model_dir: Path, lora_rank: int) -> None:
     updater = PPOUpdater.build(

@@ -64,15 +64,24 @@ class GenerationRequest:
 
 @dataclasses.dataclass
 class Generation:
-    """What the engine returns for one request: new ids, their log-probabilities, and how it ended."""
+    """What the engine returns for one request: new ids, their log-probabilities, and how it ended.
+
+    ``finish_reason`` "stop" without a ``stop`` string means a stop token ended the generation and is the
+    last of ``token_ids``: the tokenizer's end-of-sequence token, any other that the model's generation
+    config lists (vLLM stops on every one: Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>), or a
+    stop token id."""
 
     token_ids: list[int]
     logprobs: list[float]
-    # The stop string that ended the generation, or None (end of sequence or length).
+    # The stop string that ended the generation, or None (a stop token, or length).
     stop: str | None = None
     finish_reason: str = "stop"
     # Seconds from submission to the first token, when the engine knows it.
     first_token_seconds: float | None = None
+
+    @property
+    def ended_on_stop_token(self) -> bool:
+        return self.finish_reason == "stop" and self.stop is None and bool(self.token_ids)
 
 
 class Engine(Protocol):
@@ -153,6 +162,8 @@ class Trajectory:
     num_turns: int = 0
     retrieval_rounds: int = 0
     num_queries: int = 0
+    # Queries written past max_queries_per_search, not searched.
+    queries_dropped: int = 0
     invalid_actions: int = 0
     # (search round, passage) for every passage shown to the model.
     retrieved: list[tuple[int, Passage]] = dataclasses.field(default_factory=list)
@@ -196,11 +207,6 @@ class AgentLoop:
         self.config = config
         self.information = InformationFormat(tokenizer, config.tokens_per_query)
         self._feedback_ids = self._encode(INVALID_ACTION_FEEDBACK)
-        # A turn that ends on end-of-sequence without an action has the feedback appended; like the
-        # reference (which decodes without special tokens), the end-of-sequence token is dropped first,
-        # so the model is never trained on text that follows its own end of turn.
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self._eos = {int(eos)} if isinstance(eos, int) else set()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -275,7 +281,10 @@ class AgentLoop:
         searches: list[tuple[Trajectory, grammar.Action]] = []
         for t, generation in zip(live, generations, strict=True):
             ids, logprobs = generation.token_ids, generation.logprobs
-            if generation.stop is None and ids and ids[-1] in self._eos:
+            if generation.ended_on_stop_token:
+                # The feedback may follow; like the references (which decode without special tokens), the
+                # stop token goes first, whichever it is, so the model is never trained on text that
+                # follows its own end of turn.
                 ids, logprobs = ids[:-1], logprobs[:-1]
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
             t.add_generated(ids, logprobs, text)
@@ -297,6 +306,7 @@ class AgentLoop:
             elif self._final(t, turn):
                 t.end(TrajectoryStatus.NO_ANSWER, f"no <answer> after {t.num_turns} turns")
             elif action.kind == "search":
+                t.queries_dropped += action.dropped
                 searches.append((t, action))
             else:
                 t.invalid_actions += 1

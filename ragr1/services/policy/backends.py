@@ -8,7 +8,7 @@ from ragr1.agent.information import Passage
 from ragr1.services.common.client import ChannelOptions
 from ragr1.services.retriever.client import AsyncRetrieverClient
 from ragr1.services.reward.client import AsyncRewardClient
-from ragr1.v1 import common_pb2, reward_pb2
+from ragr1.v1 import common_pb2, retriever_pb2, reward_pb2
 
 
 class RetrieverSearch:
@@ -37,6 +37,10 @@ class RetrieverSearch:
         return [
             [Passage(p.id, p.title, p.text, p.score) for p in result.passages] for result in response.results
         ]
+
+    async def info(self, timeout: float = 10.0) -> retriever_pb2.InfoResponse:
+        """The router's description of its index (encoder, index type, corpus hash and size)."""
+        return await self.client.info(timeout=timeout)
 
     async def close(self) -> None:
         await self.client.close()

@@ -16,6 +16,8 @@ from ragr1.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 # Rollouts of a batch take minutes on a CPU; weight updates wait for running rollouts.
 DEFAULT_TIMEOUT = 600.0
 VERSION_TIMEOUT = 10.0
+# Info hashes the served checkpoint the first time it is asked for a version (seconds per GB).
+INFO_TIMEOUT = 300.0
 
 
 def _rollout_request(
@@ -72,6 +74,9 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
     def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
         return self._call("GetWeightVersion", policy_pb2.GetWeightVersionRequest(), timeout)
 
+    def info(self, timeout: float = INFO_TIMEOUT) -> policy_pb2.PolicyInfoResponse:
+        return self._call("Info", policy_pb2.PolicyInfoRequest(), timeout)
+
 
 class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
     stub_type = policy_pb2_grpc.PolicyStub
@@ -106,3 +111,6 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
 
     async def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
         return await self._call("GetWeightVersion", policy_pb2.GetWeightVersionRequest(), timeout)
+
+    async def info(self, timeout: float = INFO_TIMEOUT) -> policy_pb2.PolicyInfoResponse:
+        return await self._call("Info", policy_pb2.PolicyInfoRequest(), timeout)

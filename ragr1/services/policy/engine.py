@@ -55,6 +55,18 @@ def _cpu_environment(settings: EngineSettings) -> None:
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.reserved_cpus))
 
 
+def to_generation(out: Any, first_token: float | None = None) -> Generation:
+    """A vLLM ``CompletionOutput`` as a ``Generation``. vLLM ends a generation on a stop string
+    (``stop_reason`` is the string), on the tokenizer's end-of-sequence token (``stop_reason`` None) or on
+    another stop token id, such as the other end-of-sequence ids of the model's generation config
+    (``stop_reason`` is the id); the token is the last of ``token_ids`` in both token cases, which the
+    ``Generation`` says by having no stop string."""
+    ids = [int(t) for t in out.token_ids]
+    logprobs = [float(lp[t].logprob) for t, lp in zip(ids, out.logprobs or [], strict=True)]
+    stopped_by = out.stop_reason if isinstance(out.stop_reason, str) else None
+    return Generation(ids, logprobs, stopped_by, str(out.finish_reason or "abort"), first_token)
+
+
 class VllmEngine:
     """Generation, abort and in-place weight reload on one ``AsyncLLM``. Build it with ``start``."""
 
@@ -123,11 +135,7 @@ class VllmEngine:
             self._running.discard(request_id)
         if final is None or not final.outputs:
             return Generation([], [], None, "abort", first_token)
-        out = final.outputs[0]
-        ids = [int(t) for t in out.token_ids]
-        logprobs = [float(lp[t].logprob) for t, lp in zip(ids, out.logprobs or [], strict=True)]
-        stopped_by = out.stop_reason if isinstance(out.stop_reason, str) else None
-        return Generation(ids, logprobs, stopped_by, str(out.finish_reason or "abort"), first_token)
+        return to_generation(final.outputs[0], first_token)
 
     async def abort_all(self) -> None:
         """Aborts every running request; their generations come back with finish_reason "abort"."""

@@ -26,6 +26,10 @@ TURNS = Histogram(
 QUERIES = Histogram(
     "ragr1_policy_queries_per_trajectory", "Search queries per trajectory.", buckets=(0, *SIZE_BUCKETS)
 )
+QUERIES_DROPPED = Counter(
+    "ragr1_policy_queries_dropped_total",
+    "Queries written past max_queries_per_search in one search, and not searched (RAG-R1 searches all).",
+)
 RETRIEVAL_ROUNDS = Histogram(
     "ragr1_policy_retrieval_rounds_per_trajectory",
     "Retrieval rounds per trajectory.",

@@ -17,7 +17,7 @@ _MODES = {
     common_pb2.SEARCH_MODE_MULTI: Mode.MULTI,
     common_pb2.SEARCH_MODE_NONE: Mode.NONE,
 }
-_SEARCH_MODES = {mode: value for value, mode in _MODES.items()}
+SEARCH_MODES = {mode: value for value, mode in _MODES.items()}
 
 
 class Scorer(Protocol):
@@ -75,7 +75,7 @@ def to_rollout(
         retrieval_seconds=t.retrieval_seconds,
         question=task.question,
         golden_answers=list(task.golden_answers),
-        mode=_SEARCH_MODES[t.mode],
+        mode=SEARCH_MODES[t.mode],
         data_source=task.data_source,
         sampling=sampling_params(sampling),
         spans=[common_pb2.ResponseSpan(text=s.text, kind=s.kind.value) for s in t.spans],  # type: ignore[arg-type]

@@ -6,15 +6,17 @@ Everything the servicer and the rollout worker call; no gRPC here. Errors are
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ragr1.agent.prompts import Tokenizer, chat_prompt_ids
 from ragr1.services.common.errors import InvalidArgument
+from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import (
     AgentLoop,
@@ -56,6 +58,7 @@ class Policy:
         default_sampling: Sampling,
         limits: Limits,
         in_flight: InFlight = InFlight.FINISH,
+        engine_seed: int = 0,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -64,7 +67,10 @@ class Policy:
         self.default_sampling = default_sampling
         self.limits = limits
         self.in_flight = in_flight
+        self.engine_seed = engine_seed
         self.gate = VersionGate()
+        # (version, checkpoint directory) -> the checkpoint's hash: each served checkpoint is read once.
+        self._hashes: dict[tuple[int, str], str] = {}
         metrics.WEIGHT_VERSION.set(self.gate.version)
 
     # -- input ----------------------------------------------------------------------------------
@@ -185,6 +191,28 @@ class Policy:
         metrics.WEIGHT_VERSION.set(version)
         return seconds
 
+    # -- what a result depends on ---------------------------------------------------------------
+    async def served_checkpoint(self) -> tuple[int, Path, str]:
+        """The served version, its checkpoint directory (the starting model for the initial weights) and the
+        checkpoint's hash, read in a thread on first asking (seconds per GB) so that serving goes on. Raises
+        OSError when the directory cannot be read any more."""
+        version, loaded = self.gate.version, self.gate.checkpoint_path
+        path = Path(loaded) if loaded else self.model_dir
+        key = (version, str(path))
+        if key not in self._hashes:
+            self._hashes = {key: await asyncio.to_thread(checkpoint_sha256, path)}
+        return version, path, self._hashes[key]
+
+    async def retriever_info(self) -> tuple[Any, str]:
+        """The retriever's description (its ``Info``) and "", or None and why there is none."""
+        describe = getattr(self.loop.search, "info", None)
+        if describe is None:
+            return None, f"the search backend {type(self.loop.search).__name__} does not describe its index"
+        try:
+            return await describe(), ""
+        except Exception as exc:  # a retriever that is down must not fail the policy's own answer
+            return None, f"{type(exc).__name__}: {exc}"
+
     # -- metrics --------------------------------------------------------------------------------
     def _observe_generations(self, generations: Sequence[Generation], seconds: float) -> None:
         tokens = sum(len(g.token_ids) for g in generations)
@@ -208,6 +236,7 @@ class Policy:
         for t in trajectories:
             metrics.TURNS.observe(t.num_turns)
             metrics.QUERIES.observe(t.num_queries)
+            metrics.QUERIES_DROPPED.inc(t.queries_dropped)
             metrics.RETRIEVAL_ROUNDS.observe(t.retrieval_rounds)
             metrics.TRAJECTORIES.labels(t.status.name.lower()).inc()
             if t.first_token_seconds is not None:

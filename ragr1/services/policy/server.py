@@ -100,6 +100,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         default_sampling=config.default_sampling(),
         limits=config.limits(),
         in_flight=config.in_flight_policy(),
+        engine_seed=config.seed,
     )
     server = GrpcServer(config, "policy")
     server.add(policy_pb2_grpc.add_PolicyServicer_to_server, PolicyServicer(policy, scorer))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 from ragr1.services.common.errors import InvalidArgument
-from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
+from ragr1.services.common.provenance import code_commit
+from ragr1.services.policy.rollouts import SEARCH_MODES, Scorer, build_rollouts, expand, sampling_params, task_of
 from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2, policy_pb2, policy_pb2_grpc
@@ -15,6 +18,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
     def __init__(self, policy: Policy, scorer: Scorer | None) -> None:
         self.policy = policy
         self.scorer = scorer
+        self._commit: str | None = None
 
     def _sampling(self, s: common_pb2.SamplingParams) -> Any:
         return self.policy.sampling(s.temperature, s.top_p, s.max_tokens, s.seed, list(s.stop))
@@ -65,3 +69,33 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
     ) -> policy_pb2.GetWeightVersionResponse:
         gate = self.policy.gate
         return policy_pb2.GetWeightVersionResponse(version=gate.version, checkpoint_path=gate.checkpoint_path)
+
+    async def Info(self, request: policy_pb2.PolicyInfoRequest, context: Any) -> policy_pb2.PolicyInfoResponse:
+        policy = self.policy
+        cfg = policy.loop.config
+        if self._commit is None:
+            self._commit = await asyncio.to_thread(code_commit)
+        reply = policy_pb2.PolicyInfoResponse(
+            mode=SEARCH_MODES[cfg.mode],
+            max_turns=cfg.max_turns,
+            max_queries_per_search=cfg.max_queries_per_search,
+            query_separator=cfg.query_separator,
+            top_k=cfg.top_k,
+            tokens_per_query=cfg.tokens_per_query,
+            max_model_len=cfg.max_model_len,
+            default_sampling=sampling_params(policy.default_sampling),
+            engine_seed=policy.engine_seed,
+            code_commit=self._commit,
+        )
+        try:
+            version, path, sha = await policy.served_checkpoint()
+            reply.checkpoint_sha256 = sha
+        except OSError as exc:
+            version, path = policy.gate.version, Path(policy.gate.checkpoint_path or policy.model_dir)
+            reply.checkpoint_error = f"{type(exc).__name__}: {exc}"
+        reply.weight_version, reply.checkpoint_path = version, str(path)
+        retriever, error = await policy.retriever_info()
+        if retriever is not None:
+            reply.retriever.CopyFrom(retriever)
+        reply.retriever_error = error
+        return reply

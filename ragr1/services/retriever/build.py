@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ragr1.services.common.hashing import file_sha256
 from ragr1.services.retriever import index as faiss_index
-from ragr1.services.retriever.corpus import PassageStore, file_sha256
+from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings, copy_export, ensure_export
 from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
 from ragr1.shipped import cache_dir

@@ -29,7 +29,6 @@ META_FILE = "store.json"
 CORPUS_FORMATS = ("jsonl", "kilt")
 # RAG-R1 and Search-R1 retrieve from Wikipedia split into passages of this many words.
 KILT_WORDS_PER_PASSAGE = 100
-_HASH_BLOCK = 1 << 20
 # KILT paragraphs that only mark structure ("Section::::History.", "BULLET::::- ...").
 _KILT_MARKUP = re.compile(r"^(Section|BULLET)::::-?\s*")
 
@@ -101,14 +100,6 @@ def read_corpus(
                 count += 1
                 if limit is not None and count >= limit:
                     return
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_store(passages: Iterable[PassageRecord], out_dir: Path, *, progress: bool = True) -> PassageStore:

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from ragr1.services.common.hashing import file_sha256
+
 log = logging.getLogger(__name__)
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
@@ -153,14 +155,6 @@ def onnx_providers(device: str, available: Sequence[str]) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def export_onnx(settings: EncoderSettings, out_dir: Path) -> Path:
     """Exports ``settings``' model to ``out_dir`` (ONNX graph + tokenizer files); returns ``out_dir``.
 
@@ -266,11 +260,11 @@ def copy_export(source: Path, target: Path) -> str:
             os.link(path, dest)
         except OSError:
             shutil.copy2(path, dest)
-    return _file_sha256(target / ONNX_MODEL_FILE)
+    return file_sha256(target / ONNX_MODEL_FILE)
 
 
 def export_sha256(directory: Path) -> str:
-    return _file_sha256(Path(directory) / ONNX_MODEL_FILE)
+    return file_sha256(Path(directory) / ONNX_MODEL_FILE)
 
 
 class _OnnxRunner:

@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ragr1.services.retriever.corpus import PassageStore, file_sha256
+from ragr1.services.common.hashing import file_sha256
+from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import EncoderSettings, export_sha256, settings_from_dict
 from ragr1.services.retriever.index import IndexSpec
 

@@ -170,6 +170,8 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
         max_queries=limits.max_queries,
         max_top_k=limits.max_top_k,
         max_query_chars=limits.max_query_chars,
+        corpus_sha256=m.store_sha256,
+        manifest_sha256=manifest.sha256,
     )
     server = GrpcServer(config, "retriever")
     server.add(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(router, info))

@@ -47,7 +47,8 @@ class RewardConfig(ServerConfig):
         _CORE.format_weights.answer, "format score: weight of 'a closed <answer> exists'"
     )
     format_weight_clean: float = setting(
-        _CORE.format_weights.clean, "format score: weight of 'no text outside tags or after the answer'"
+        _CORE.format_weights.clean,
+        "format score: weight of 'no text outside tags or after the answer, no invalid-action turn'",
     )
     relevance_weight: float = setting(
         _CORE.relevance_weight,

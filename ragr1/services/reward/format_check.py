@@ -6,7 +6,10 @@ Four checks, each worth a configurable weight; the format score is the weighted 
 - ``order``: the segments run ``think (search information think)* answer`` (Search-R1's state
   machine: a think before every search and before the answer, information only after a search);
 - ``answer``: a closed ``<answer>`` exists;
-- ``clean``: nothing but white space outside the segments, and nothing after the answer.
+- ``clean``: nothing but white space outside the segments, nothing after the answer, and no turn that
+  held neither a search nor an answer. Search-R1's ``is_valid_sequence`` reads the whole response, the
+  inserted "My previous action is invalid" feedback included, and rejects that feedback as text between
+  tags; here the feedback is never parsed (it quotes the tags), so the turns it answered are counted instead.
 
 A response is *valid* (Search-R1's ``is_valid_sequence``) when all four pass.
 """
@@ -54,11 +57,13 @@ def check_format(parsed: ParsedResponse, weights: FormatWeights | None = None) -
         reasons.append("text_outside_tags")
     if parsed.text_after_answer:
         reasons.append("text_after_answer")
+    if parsed.invalid_actions:
+        reasons.append("invalid_action")
     checks = {
         "tags": not parsed.errors,
         "order": ordered,
         "answer": has_answer,
-        "clean": not (parsed.text_outside_tags or parsed.text_after_answer),
+        "clean": not (parsed.text_outside_tags or parsed.text_after_answer or parsed.invalid_actions),
     }
     total = sum(dataclasses.astuple(weights))
     score = sum(getattr(weights, name) for name, passed in checks.items() if passed) / total

@@ -212,8 +212,6 @@ class RewardScorer:
         parsed, reasons = self._parse(item)
         if parsed is None:
             return Parts(reasons=tuple(reasons))
-        if parsed.invalid_actions:
-            reasons.append("invalid_action")
         fmt = check_format(parsed, settings.format_weights)
         reasons += fmt.reasons
         answer = parsed.answer

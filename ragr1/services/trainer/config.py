@@ -1,6 +1,6 @@
 """The trainer's settings: one dataclass per stage. Defaults are RAG-R1's published PPO run where it
-gives one (actor lr 1e-6, critic lr 1e-5, KL 0.001, clip 0.2, value clip 0.5, entropy 0.001,
-γ = λ = 1); the policy's loop settings (max 4 turns, top-k 3) live in the policy's config."""
+gives one (actor lr 1e-6 and critic lr 1e-5 when every weight trains, KL 0.001, clip 0.2, value clip 0.5,
+entropy 0.001, γ = λ = 1); the policy's loop settings (max 4 turns, top-k 3) live in the policy's config."""
 
 from __future__ import annotations
 
@@ -77,14 +77,32 @@ class SFTConfig(InformationSettings, ModelSettings):
     batch_size: int = setting(8, "sequences per optimiser step")
 
 
+# Learning rates by parameterisation. Full fine-tuning: RAG-R1's (verl's PPO run of Qwen2.5-7B). LoRA: its
+# adapters start at zero (B = 0) and change the model only through a rank-r product, so at full fine-tuning's
+# rates an update barely moves the policy; LoRA's best rate is known to sit one to two orders of magnitude
+# above full fine-tuning's. docs/fidelity.md has what was measured here.
+FULL_ACTOR_LR = 1e-6
+FULL_CRITIC_LR = 1e-5
+LORA_ACTOR_LR = 1e-4
+LORA_CRITIC_LR = 1e-4
+
+
+def _rate_help(model: str, full: float, lora: float) -> str:
+    return (
+        f"{model} learning rate; None (unset): {full:.0e} when every weight trains (--lora-rank 0, RAG-R1's), "
+        f"{lora:.0e} with LoRA (its adapters start at zero and move the model through a low-rank product: full "
+        "fine-tuning's rate barely moves them)"
+    )
+
+
 @dataclasses.dataclass
 class PPOSettings(ModelSettings):
     """The update itself (what a Ray worker needs, too)."""
 
     # RAG-R1 fine-tunes every weight on GPUs; on CPUs LoRA is what fits (bench/trainer_memory.py measures it).
     lora_rank: int = setting(16, "LoRA rank of the actor and of the critic's own adapter; 0 trains every weight")
-    actor_lr: float = setting(1e-6, "actor learning rate")
-    critic_lr: float = setting(1e-5, "critic learning rate")
+    actor_lr: float | None = setting(None, _rate_help("actor", FULL_ACTOR_LR, LORA_ACTOR_LR))
+    critic_lr: float | None = setting(None, _rate_help("critic", FULL_CRITIC_LR, LORA_CRITIC_LR))
     actor_warmup_ratio: float = setting(
         0.285, "share of max_updates over which the actor's learning rate ramps up linearly (0 = none)"
     )
@@ -135,6 +153,20 @@ class PPOSettings(ModelSettings):
         return self.advantage == "gae"
 
     @property
+    def actor_learning_rate(self) -> float:
+        """``actor_lr``, or the default of the parameterisation (LoRA or every weight)."""
+        if self.actor_lr is not None:
+            return self.actor_lr
+        return LORA_ACTOR_LR if self.lora_rank > 0 else FULL_ACTOR_LR
+
+    @property
+    def critic_learning_rate(self) -> float:
+        """``critic_lr``, or the default of the parameterisation (the critic's own LoRA adapter or every weight)."""
+        if self.critic_lr is not None:
+            return self.critic_lr
+        return LORA_CRITIC_LR if self.lora_rank > 0 else FULL_CRITIC_LR
+
+    @property
     def kl_in_reward(self) -> bool:
         """Whether the KL is subtracted from the token rewards (else it is a loss term)."""
         return self.advantage == "gae" if self.kl_penalty == "auto" else self.kl_penalty == "reward"
@@ -173,7 +205,7 @@ class PPOSettings(ModelSettings):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
         for name in ("actor_lr", "critic_lr", "clip", "value_clip", "tis_cap"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 

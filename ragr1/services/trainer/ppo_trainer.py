@@ -173,8 +173,10 @@ class PPOUpdater:
             _Optimised(
                 "actor",
                 actor.actor_parameters(),
-                torch.optim.AdamW(actor.actor_parameters(), lr=settings.actor_lr, weight_decay=settings.weight_decay),
-                settings.actor_lr,
+                torch.optim.AdamW(
+                    actor.actor_parameters(), lr=settings.actor_learning_rate, weight_decay=settings.weight_decay
+                ),
+                settings.actor_learning_rate,
                 settings.warmup_updates(settings.actor_warmup_ratio),
                 settings.max_grad_norm,
             )
@@ -188,8 +190,10 @@ class PPOUpdater:
                 _Optimised(
                     "critic",
                     params,
-                    torch.optim.AdamW(params, lr=settings.critic_lr, weight_decay=settings.critic_weight_decay),
-                    settings.critic_lr,
+                    torch.optim.AdamW(
+                        params, lr=settings.critic_learning_rate, weight_decay=settings.critic_weight_decay
+                    ),
+                    settings.critic_learning_rate,
                     settings.warmup_updates(settings.critic_warmup_ratio),
                     settings.critic_max_grad_norm,
                 )
