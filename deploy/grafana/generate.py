@@ -54,6 +54,11 @@ def mean(histogram: str, by: str = "") -> str:
     return f"{rate(histogram + '_sum', by)} / {rate(histogram + '_count', by)}"
 
 
+def threshold(alarm: str) -> str:
+    """The threshold the trainer exports for one of its training-health alarms."""
+    return f'max(ragr1_trainer_alarm_threshold{{alarm="{alarm}"}})'
+
+
 def latency(title: str, histogram: str, by: str = "", legend: str = "", description: str = "",
             width: int = 12) -> Panel:
     tag = f"{legend} " if legend else ""
@@ -188,9 +193,32 @@ TRAINER = Dashboard(
             Panel("Reward parts scored by the reward service (mean over the window)",
                   [(mean("ragr1_reward_part_score", "part"), "{{part}}")]),
         ]),
+        ("Training health (leads the reward)", [
+            Panel("Likelihood change of the rollouts each update reinforced",
+                  [("ragr1_trainer_likelihood_change_nats", "change per token (nats)"),
+                   ("ragr1_trainer_likelihood_falling_updates", "updates in a row falling"),
+                   (threshold("likelihood_falling"), "alarm at (updates in a row)")],
+                  description="Mean per-token log-likelihood of the positive-advantage rollouts after the "
+                              "update's optimiser steps minus before them. Negative is likelihood displacement; "
+                              "the alarm fires after likelihood_falling_updates falls in a row."),
+            Panel("Policy entropy over generated tokens",
+                  [("ragr1_trainer_entropy_nats", "entropy (nats)"), (threshold("entropy_low"), "floor")],
+                  description="Below entropy_floor the policy is collapsing onto few answers (alarm entropy_low)."),
+            Panel("KL to the reference",
+                  [("ragr1_trainer_kl", "KL (nats per token)"), (threshold("kl_high"), "ceiling")],
+                  description="Above kl_ceiling the policy has drifted far from the reference (alarm kl_high)."),
+            Panel("Response and answer length",
+                  [("avg by (stat) (ragr1_trainer_response_length_tokens)", "response tokens {{stat}}"),
+                   ("ragr1_trainer_generated_length_tokens", "generated tokens (mean)"),
+                   ("ragr1_trainer_answer_length_words", "answer words (mean)")],
+                  description="Per rollout of the last update; inserted <information> tokens count in the "
+                              "response, not in the generated tokens."),
+            Panel("Training-health alarms by alarm",
+                  [("sum by (alarm) (ragr1_trainer_health_alarms_total)", "{{alarm}}")],
+                  description="Updates on which each alarm fired, since the trainer started; the alert rules "
+                              "(deploy/prometheus/alerts.yml) fire on the same conditions."),
+        ]),
         ("Update", [
-            Panel("KL to the reference and entropy",
-                  [("ragr1_trainer_kl", "KL"), ("ragr1_trainer_entropy_nats", "entropy (nats)")]),
             Panel("Losses", [("avg by (kind) (ragr1_trainer_loss)", "{{kind}}")]),
             Panel("Clip fraction", [("ragr1_trainer_clip_fraction", "policy ratio clipped")], unit="percentunit"),
             Panel("Policy ratio and approx KL (proximal vs current)",
@@ -210,7 +238,8 @@ TRAINER = Dashboard(
         ]),
         ("Weight-sync check", [
             Panel("Log-prob gap: trainer vs vLLM on rollouts of the trainer's last two versions",
-                  [("avg by (stat) (ragr1_trainer_logprob_gap_nats)", "{{stat}}")],
+                  [("avg by (stat) (ragr1_trainer_logprob_gap_nats)", "{{stat}}"),
+                   (threshold("weight_sync"), "logprob_gap_threshold")],
                   description="Mean and max |trainer - vLLM| log-prob per generated token (nats). The normal "
                               "gap is bf16 rounding; a mean above logprob_gap_threshold means the policy serves "
                               "other weights than the trainer holds."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -85,29 +86,78 @@ def plot_latencies(latencies: Mapping[str, Mapping[str, Mapping[str, float]]], t
     return target
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingPanel:
+    title: str
+    # (legend, [(step, value)]) per curve.
+    curves: list[tuple[str, list[tuple[float, float]]]]
+    # Steps at which the training-health alarm this panel shows fired, with the value there.
+    alarms: list[tuple[float, float]]
+    zero_line: bool = False
+
+
+# (title, stage, keys, the training-health alarm it shows). A panel may draw several curves: the RL reward of
+# the trained batch and of everything sampled (they differ where dynamic sampling skipped groups: the
+# trained batch keeps only groups whose scores differ).
+_PANELS = (
+    ("SFT loss", "sft", ("loss",), None),
+    ("RL reward (mean total)", "ppo", ("reward_total", "reward_sampled"), None),
+    ("RL groups whose rewards differ", "ppo", ("signal_total",), None),
+    ("RL likelihood change of reinforced rollouts (nats/token)", "ppo", ("likelihood_change",),
+     "likelihood_falling"),
+    ("RL policy entropy (nats/token)", "ppo", ("entropy",), "entropy_low"),
+    ("RL KL to reference", "ppo", ("kl",), "kl_high"),
+    ("RL response length (tokens)", "ppo", ("response_length", "response_length_max", "generated_length"), None),
+    ("RL answer length (words)", "ppo", ("answer_length",), None),
+    ("RL clip fraction", "ppo", ("clip_fraction",), None),
+    ("log-prob gap trainer vs vLLM", "ppo", ("logprob_gap",), "weight_sync"),
+)
+_LABELS = {"reward_total": "trained batch", "reward_sampled": "all sampled", "response_length": "mean",
+           "response_length_max": "max", "generated_length": "generated (mean)"}
+
+
+def training_panels(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, Any]]) -> list[TrainingPanel]:
+    """What ``training.png`` draws: each panel's curves by step, and where its alarm fired (the step
+    records' ``alarms``)."""
+    stages = {"sft": sft, "ppo": ppo}
+    panels = []
+    for title, stage, keys, alarm in _PANELS:
+        records = stages[stage]
+        curves = []
+        for key in keys:
+            points = [(float(r.get("step", i + 1)), float(r[key])) for i, r in enumerate(records)
+                      if isinstance(r.get(key), int | float)]
+            curves.append((_LABELS.get(key, key), points))
+        fired = [(float(r.get("step", i + 1)), float(r[keys[0]])) for i, r in enumerate(records)
+                 if alarm in r.get("alarms", ()) and isinstance(r.get(keys[0]), int | float)]
+        panels.append(TrainingPanel(title, curves, fired, zero_line=keys[0] == "likelihood_change"))
+    return panels
+
+
 def plot_training(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, Any]], target: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # A panel may draw several curves: the RL reward of the trained batch and of everything sampled (they
-    # differ where dynamic sampling skipped groups: the trained batch keeps only groups whose scores differ).
-    panels = [("SFT loss", sft, ("loss",)), ("RL reward (mean total)", ppo, ("reward_total", "reward_sampled")),
-              ("RL groups whose rewards differ", ppo, ("signal_total",)), ("RL KL to reference", ppo, ("kl",)),
-              ("RL clip fraction", ppo, ("clip_fraction",)),
-              ("log-prob gap trainer vs vLLM", ppo, ("logprob_gap",))]
-    labels = {"reward_total": "trained batch", "reward_sampled": "all sampled"}
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3))
-    for ax, (title, records, keys) in zip(axes, panels, strict=True):
-        for key in keys:
-            points = [(r.get("step", i + 1), r[key]) for i, r in enumerate(records)
-                      if isinstance(r.get(key), int | float)]
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=labels.get(key, key))
-        if len(keys) > 1:
+    panels = training_panels(sft, ppo)
+    cols = 5
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for label, points in panel.curves:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        if panel.zero_line:
+            ax.axhline(0.0, color="grey", linewidth=0.8)
+        if panel.alarms:
+            ax.scatter([p[0] for p in panel.alarms], [p[1] for p in panel.alarms], marker="x", s=80,
+                       color="red", zorder=3, label="alarm")
+        if len(panel.curves) > 1 or panel.alarms:
             ax.legend(fontsize=7)
-        ax.set_title(title)
+        ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(target, dpi=80)
     plt.close(fig)

@@ -20,7 +20,7 @@ from ragr1.services.common.redis_server import free_port
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.common.status_process import start_server
 from tests.deploy.conftest import DASHBOARDS, ROOT, load_dashboard_generator, tool
-from tests.deploy.dashboards import dashboards, expressions, filled
+from tests.deploy.dashboards import dashboards, defined_metrics, expressions, filled
 
 METRIC = re.compile(r"\bragr1_[a-z0-9_]+")
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
@@ -43,23 +43,6 @@ def test_every_panel_has_a_unique_id_and_a_query() -> None:
         assert all(p["datasource"]["uid"] == "${datasource}" for p in charts), name
 
 
-def _defined_metrics() -> set[str]:
-    """Every ragr1_* metric the code registers: import each module that uses prometheus_client, then
-    read the registry (so names built from constants count too)."""
-    import importlib
-
-    from prometheus_client import REGISTRY
-
-    for path in (ROOT / "ragr1").rglob("*.py"):
-        if "prometheus_client" in path.read_text():
-            importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
-    names: set[str] = set()
-    for family in REGISTRY.collect():
-        if family.name.startswith("ragr1_"):
-            names.update({family.name, family.name + "_total"} if family.type == "counter" else {family.name})
-    return names
-
-
 def _exporter(metric: str) -> str | None:
     """The service whose ``metrics.py`` exports ``metric``, or None for the common runtime's metrics."""
     component = metric.split("_")[1]
@@ -67,7 +50,7 @@ def _exporter(metric: str) -> str | None:
 
 
 def test_dashboards_chart_only_metrics_the_code_exports() -> None:
-    defined = _defined_metrics()
+    defined = defined_metrics()
     missing = []
     for name, title, expr in expressions():
         for metric in METRIC.findall(expr):

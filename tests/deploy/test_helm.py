@@ -27,6 +27,7 @@ KUBE_VERSION = "1.30.0"
 # Kinds from operators (no schema in kubernetes-validate): the fields their controllers need.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",),
     ("ray.io/v1", "RayJob"): ("entrypoint", "rayClusterSpec"),
 }
 SERVERS = {"retriever-shard": ports.RETRIEVER_SHARD, "retriever": ports.RETRIEVER, "reward": ports.REWARD,
@@ -379,6 +380,9 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"replicas": 3}, "additional properties 'replicas' not allowed"),
         ({"image": {"reward": {"repo": "x"}}}, "additional properties 'repo' not allowed"),
         ({"retriever": {"router": {"imageRole": "policy"}}}, "at '/retriever/router/imageRole': value must be one of"),
+        ({"trainer": {"alarms": {"entropyFloor": -0.1}}}, "at '/trainer/alarms/entropyFloor': minimum"),
+        ({"trainer": {"alarms": {"logprobGapThreshold": 0}}}, "at '/trainer/alarms/logprobGapThreshold'"),
+        ({"trainer": {"alarms": {"klceiling": 1}}}, "additional properties 'klceiling' not allowed"),
     ]:
         with pytest.raises(helm_python.HelmError, match=re.escape(message)):
             render(chart, values)

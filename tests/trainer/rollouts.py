@@ -65,10 +65,10 @@ def tiny_settings(**overrides: object) -> PPOSettings:
 
 
 def make_loop(
-    redis_client: redis.Redis, model_dir: Path, out: Path, updater: Updater | None = None, **overrides: int | str
+    redis_client: redis.Redis, model_dir: Path, out: Path, updater: Updater | None = None, **overrides: object
 ) -> PPOLoop:
     """A loop on the tiny model; ``updater`` defaults to one process with two mini-batches per update."""
-    values: dict[str, int | str] = {
+    values: dict[str, object] = {
         "batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1,
         "group": "trainer", "consumer": "trainer-0",
     }

@@ -171,7 +171,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
         samples_per_prompt=1,
         group="trainer",
         consumer="trainer-0",
-        logprob_gap_threshold=config.logprob_gap_threshold,
+        health=config,
     )
     ppo = PPOLoop(
         settings,

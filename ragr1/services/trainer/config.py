@@ -210,7 +210,43 @@ class PPOSettings(ModelSettings):
 
 
 @dataclasses.dataclass
-class PPOConfig(PPOSettings, ServerConfig, QueueConfig):
+class HealthSettings(Validated):
+    """The training-health alarms (``health``): the trainer logs a warning naming the alarm and the
+    update, and exports each threshold as ``ragr1_trainer_alarm_threshold{alarm}``, which the alert rules
+    (deploy/prometheus/alerts.yml) compare against, so that the log and the alerts fire on the same value."""
+
+    # Set well above the gap that numerics alone leave between the trainer (bf16 autocast) and vLLM (fp32) on
+    # the same weights, and well below that of other weights; tests/trainer/test_engine_sync.py checks both
+    # against the real engine.
+    logprob_gap_threshold: float = setting(
+        0.1,
+        "weight-sync alarm: mean |trainer - vLLM| log-prob per generated token (nats) of the rollouts "
+        "sampled at the trainer's version or one behind, above which the policy probably serves other weights",
+    )
+    likelihood_falling_updates: int = setting(
+        3,
+        "likelihood-displacement alarm: this many updates in a row that lowered the mean per-token "
+        "log-likelihood of the rollouts they reinforced (positive advantage); 0 = off",
+    )
+    entropy_floor: float = setting(
+        0.1, "entropy-collapse alarm: mean policy entropy over generated tokens (nats) below this; 0 = off"
+    )
+    kl_ceiling: float = setting(
+        0.5, "KL alarm: mean KL to the reference per generated token (nats) above this; 0 = off"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("likelihood_falling_updates", 0),))
+        if self.logprob_gap_threshold <= 0:
+            raise ValueError(f"logprob_gap_threshold must be positive, got {self.logprob_gap_threshold}")
+        for name in ("entropy_floor", "kl_ceiling"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0 (0 = off), got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     port: int = setting(ports.TRAINER, "gRPC port of the Trainer.Status service; 0 picks a free one")
     group: str = setting("trainer", "consumer group on the rollouts stream")
     consumer: str = setting("trainer-0", "consumer name; a restart with the same name resumes its pending")
@@ -240,14 +276,6 @@ class PPOConfig(PPOSettings, ServerConfig, QueueConfig):
         3, "stop with an error once a policy replica has refused this many weight versions in a row"
     )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
-    # Set well above the gap that numerics alone leave between the trainer (bf16 autocast) and vLLM (fp32) on
-    # the same weights, and well below that of other weights; tests/trainer/test_engine_sync.py checks both
-    # against the real engine.
-    logprob_gap_threshold: float = setting(
-        0.1,
-        "weight-sync alarm: mean |trainer - vLLM| log-prob per generated token (nats) of the rollouts "
-        "sampled at the trainer's version or one behind, above which the policy probably serves other weights",
-    )
 
     def validate(self) -> None:
         super().validate()
@@ -274,5 +302,3 @@ class PPOConfig(PPOSettings, ServerConfig, QueueConfig):
                 f"max_uniform_groups needs samples_per_prompt of at least 2 (got {self.samples_per_prompt}): "
                 "only a group of samples can score uniformly"
             )
-        if self.logprob_gap_threshold <= 0:
-            raise ValueError(f"logprob_gap_threshold must be positive, got {self.logprob_gap_threshold}")

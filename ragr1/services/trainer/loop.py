@@ -27,6 +27,9 @@ Guarantees, and how:
   update), the trainer's log-probs under the weights that sampled them must equal the ones vLLM
   recorded; a gap above ``logprob_gap_threshold`` is reported as a probable weight-sync failure (the
   policy serves other weights than the trainer pushed).
+- **Training-health alarms** (``health``): after each update, the likelihood change of the rollouts it
+  reinforced, the entropy, the KL and the weight-sync gap are checked against their thresholds; an
+  alarm that fires is logged with its name and the update, and counted.
 - **A restarted replica is brought back.** A policy replica that restarted serves its starting weights as
   version 0, so every rollout it makes would be dropped as stale and no batch would come for the next
   push: while collecting, the loop asks the replicas for their version every ``resync_seconds`` and
@@ -57,7 +60,9 @@ import redis
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Delivery, StreamQueue
 from ragr1.services.trainer import metrics
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
+from ragr1.services.trainer.config import HealthSettings
 from ragr1.services.trainer.data import TokenSequence
+from ragr1.services.trainer.health import Fired, HealthMonitor
 from ragr1.services.trainer.ppo_trainer import Sample
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import common_pb2
@@ -77,6 +82,9 @@ CURVES = (
     "value_loss",
     "kl",
     "entropy",
+    "likelihood_change",
+    "response_length",
+    "answer_length",
     "clip_fraction",
     "approx_kl",
     "logprob_gap",
@@ -116,8 +124,8 @@ class LoopSettings:
     consumer: str
     # The version the policy serves the starting weights as (e.g. 1 after an SFT stage was pushed).
     start_version: int = 0
-    # Mean |trainer - behaviour| log-prob per generated token (nats) above which the weights differ.
-    logprob_gap_threshold: float = 0.1
+    # The alarms' thresholds, the weight-sync gap's among them.
+    health: HealthSettings = dataclasses.field(default_factory=HealthSettings)
     # Dynamic sampling: complete groups of equal scores skipped per update before they are trained anyway.
     max_uniform_groups: int = 0
     # How often, while collecting, the replicas are asked for their version and a restarted one (back at
@@ -196,6 +204,18 @@ def to_sample(rollout: common_pb2.Rollout, weights_lag: int | None = None) -> Sa
         temperature=rollout.sampling.temperature,
         weights_lag=weights_lag,
     )
+
+
+def lengths(rollouts: Sequence[common_pb2.Rollout]) -> dict[str, float]:
+    """Mean and longest response (tokens after the prompt, inserted ones included, as verl counts them),
+    mean generated tokens, and mean words of the answer (inside the last <answer>; 0 without one)."""
+    response = [len(r.response_token_ids) for r in rollouts]
+    return {
+        "response_length": sum(response) / len(response),
+        "response_length_max": float(max(response)),
+        "generated_length": sum(sum(r.loss_mask) for r in rollouts) / len(rollouts),
+        "answer_length": sum(len(r.reward.extracted_answer.split()) for r in rollouts) / len(rollouts),
+    }
 
 
 def _entry_seconds(entry_id: str) -> float:
@@ -284,6 +304,8 @@ class PPOLoop:
         # trained batch holds only groups with a spread, so its mean stays near the middle by design).
         self._skipped: list[list[float]] = []
         self._synced_at = time.monotonic()
+        self.health = HealthMonitor(settings.health)
+        self.health.export_thresholds()
 
     # -- state ----------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -498,7 +520,6 @@ class PPOLoop:
         for lag in staleness:
             metrics.STALENESS.observe(lag)
         stats = self.updater.update([to_sample(r, lag) for r, lag in zip(rollouts, staleness, strict=True)])
-        alarm = self._check_sync(stats)
         ids = [r.id for r in rollouts]
         new_version = self.version + 1
         meta = {
@@ -545,44 +566,55 @@ class PPOLoop:
                 "save_seconds": save_seconds,
                 "push_seconds": push_seconds,
                 "published": published,
-                "weight_sync_alarm": alarm,
                 "groups_skipped_uniform": len(self._skipped),
                 "reward_sampled": sum(sampled) / len(sampled),
                 "rollouts_sampled": len(sampled),
+                **lengths(rollouts),
             }
         )
+        fired = self.health.check(record)
+        record["alarms"] = [f.alarm.name for f in fired]
+        record["weight_sync_alarm"] = "weight_sync" in record["alarms"]
         if self.settings.trim_streams:
             record["trimmed"] = self.rollouts.trim() + self.prompts.trim()
         self._queue_seconds = 0.0
         self._skipped = []
         self.steps.write(record)
         self._observe(record, served)
+        self._report(fired, record)
         return record
 
-    def _check_sync(self, stats: dict[str, float]) -> bool:
-        """True (and an error in the log) when the trainer's log-probs of the rollouts it could check
-        (sampled by its current or previous weights) are too far from the ones vLLM recorded."""
-        gap = stats.get("logprob_gap")
-        if gap is None:
-            return False
-        metrics.LOGPROB_GAP.labels("mean").set(gap)
-        metrics.LOGPROB_GAP.labels("max").set(stats.get("logprob_gap_max", gap))
-        self.status.last_logprob_gap = gap
-        if gap <= self.settings.logprob_gap_threshold:
-            return False
-        metrics.WEIGHT_SYNC_ALARMS.inc()
-        self.status.weight_sync_alarms += 1
-        log.error(
-            "probable weight-sync failure (stale or wrong weights in the policy): at version %d the "
-            "trainer's log-probs differ from vLLM's by %.3f nats per generated token (max %.3f) over %d "
-            "rollouts, above logprob_gap_threshold %.3f",
-            self.version,
-            gap,
-            stats.get("logprob_gap_max", gap),
-            int(stats.get("logprob_gap_rollouts", 0)),
-            self.settings.logprob_gap_threshold,
-        )
-        return True
+    def _report(self, fired: Sequence[Fired], record: dict[str, Any]) -> None:
+        """Each alarm that fired, in the log (naming it and the update) and in the metrics. A weight-sync
+        failure is an error: the policy probably serves other weights than the trainer pushed."""
+        for f in fired:
+            alarm = f.alarm
+            metrics.HEALTH_ALARMS.labels(alarm.name).inc()
+            if alarm.name == "weight_sync":
+                metrics.WEIGHT_SYNC_ALARMS.inc()
+                self.status.weight_sync_alarms += 1
+                log.error(
+                    "training-health alarm weight_sync at update %d: probable weight-sync failure (stale or "
+                    "wrong weights in the policy): the trainer's log-probs differ from vLLM's by %.3f nats per "
+                    "generated token (max %.3f) over %d rollouts, above logprob_gap_threshold %.3f",
+                    record["version"],
+                    f.value,
+                    record.get("logprob_gap_max", f.value),
+                    int(record.get("logprob_gap_rollouts", 0)),
+                    f.threshold,
+                )
+                continue
+            log.warning(
+                "training-health alarm %s at update %d: %s (%s %.4g %s %s %.4g)",
+                alarm.name,
+                record["version"],
+                alarm.meaning,
+                alarm.key,
+                f.value,
+                alarm.comparison,
+                alarm.threshold,
+                f.threshold,
+            )
 
     def _observe(self, record: dict[str, Any], path: Path) -> None:
         metrics.UPDATES.inc()
@@ -597,6 +629,17 @@ class PPOLoop:
         metrics.LOSS.labels("value").set(record.get("value_loss", 0.0))
         metrics.KL.set(record.get("kl", 0.0))
         metrics.ENTROPY.set(record.get("entropy", 0.0))
+        if "likelihood_change" in record:
+            metrics.LIKELIHOOD_CHANGE.set(record["likelihood_change"])
+        metrics.LIKELIHOOD_FALLING.set(record["likelihood_falling_updates"])
+        metrics.RESPONSE_LENGTH.labels("mean").set(record["response_length"])
+        metrics.RESPONSE_LENGTH.labels("max").set(record["response_length_max"])
+        metrics.GENERATED_LENGTH.set(record["generated_length"])
+        metrics.ANSWER_LENGTH.set(record["answer_length"])
+        if "logprob_gap" in record:
+            metrics.LOGPROB_GAP.labels("mean").set(record["logprob_gap"])
+            metrics.LOGPROB_GAP.labels("max").set(record.get("logprob_gap_max", record["logprob_gap"]))
+            self.status.last_logprob_gap = record["logprob_gap"]
         metrics.CLIP_FRACTION.set(record.get("clip_fraction", 0.0))
         metrics.APPROX_KL.set(record.get("approx_kl", 0.0))
         for stat in ("mean", "min", "max"):
@@ -634,10 +677,12 @@ class PPOLoop:
             if self._ready() >= self.settings.batch_size:
                 record = self.train_batch()
                 log.info(
-                    "update %d: reward %.3f, clip fraction %.3f, log-prob gap %s, %.0f tokens/s; weights %.1f MB "
-                    "saved in %.1f s, pushed in %.1f s",
+                    "update %d: reward %.3f, entropy %.3f, likelihood change %s, clip fraction %.3f, log-prob gap "
+                    "%s, %.0f tokens/s; weights %.1f MB saved in %.1f s, pushed in %.1f s",
                     record["version"],
                     record["reward_total"],
+                    record.get("entropy", 0.0),
+                    f"{record['likelihood_change']:+.4f}" if "likelihood_change" in record else "n/a",
                     record.get("clip_fraction", 0.0),
                     f"{record['logprob_gap']:.4f}" if "logprob_gap" in record else "n/a",
                     record.get("tokens_per_second", 0.0),

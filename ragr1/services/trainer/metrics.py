@@ -59,6 +59,36 @@ WEIGHT_SYNC_ALARMS = Counter(
     "ragr1_trainer_weight_sync_alarms_total",
     "Updates whose mean log-prob gap was above the threshold: probable weight-sync failures.",
 )
+LIKELIHOOD_CHANGE = Gauge(
+    "ragr1_trainer_likelihood_change_nats",
+    "Change the last update made to the mean per-token log-likelihood of the rollouts it reinforced "
+    "(positive advantage), measured after its optimiser steps; negative: likelihood displacement.",
+)
+LIKELIHOOD_FALLING = Gauge(
+    "ragr1_trainer_likelihood_falling_updates",
+    "Updates in a row that lowered the log-likelihood of the rollouts they reinforced.",
+)
+RESPONSE_LENGTH = Gauge(
+    "ragr1_trainer_response_length_tokens",
+    "Response tokens (generated and inserted) of the last update's rollouts, by stat (mean, max).",
+    ["stat"],
+)
+GENERATED_LENGTH = Gauge(
+    "ragr1_trainer_generated_length_tokens", "Mean generated tokens (loss mask 1) per rollout of the last update."
+)
+ANSWER_LENGTH = Gauge(
+    "ragr1_trainer_answer_length_words",
+    "Mean words inside the last <answer> of the last update's rollouts (0 for a rollout without one).",
+)
+ALARM_THRESHOLD = Gauge(
+    "ragr1_trainer_alarm_threshold",
+    "Threshold of each training-health alarm that is on (the trainer's settings); the alert rules compare "
+    "against it.",
+    ["alarm"],
+)
+HEALTH_ALARMS = Counter(
+    "ragr1_trainer_health_alarms_total", "Updates on which a training-health alarm fired, by alarm.", ["alarm"]
+)
 TOKENS_PER_SECOND = Gauge("ragr1_trainer_tokens_per_second", "Training throughput of the last update.")
 UPDATE_SECONDS = Histogram(
     "ragr1_trainer_update_seconds",

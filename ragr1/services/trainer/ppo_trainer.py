@@ -420,8 +420,9 @@ class PPOUpdater:
                     self.step(model, prepared, mini, rank, world, stats, reduce)
         if reduce is not None:
             stats.reduce(reduce)
+        likelihood = self._likelihood_change(prepared)
         self.updates += 1
-        result = {**prepared.stats, **stats.result(), **learning_rates}
+        result = {**prepared.stats, **stats.result(), **learning_rates, **likelihood}
         for part in self.parts:
             result[f"{part.name}_grad_norm"] = sum(part.grad_norms) / max(1, len(part.grad_norms))
             result[f"{part.name}_grad_norm_max"] = max(part.grad_norms, default=0.0)
@@ -437,6 +438,27 @@ class PPOUpdater:
             }
         )
         return result
+
+    def _likelihood_change(self, prepared: Prepared) -> dict[str, float]:
+        """What the update did to the rollouts it was meant to reinforce (positive advantage summed over
+        their generated tokens): the mean change of their per-token log-likelihood, stepped actor minus
+        the proximal log-probs ``prepare`` computed before the steps, in the same mode (an untouched actor
+        gives exactly 0). Negative is likelihood displacement (the LLDS analysis of GRPO collapses): the
+        update lowered what it meant to raise. Costs one no-gradient forward pass over those rollouts,
+        timed in ``likelihood_check_seconds``; every data-parallel worker runs the same pass."""
+        start = time.perf_counter()
+        mask = prepared.batch.mask
+        reinforced = [i for i in range(len(prepared.batch)) if float((prepared.advantages[i] * mask[i]).sum()) > 0]
+        if not reinforced:
+            return {}
+        self.actor.eval()
+        after = self._no_grad(prepared.batch.select(reinforced), lambda b: self.actor(b).logprobs)
+        change = ppo.masked_mean(after - prepared.old_logprobs[reinforced], mask[reinforced])
+        return {
+            "likelihood_change": float(change),
+            "likelihood_rollouts": float(len(reinforced)),
+            "likelihood_check_seconds": time.perf_counter() - start,
+        }
 
     def save_policy(self, directory: Path) -> None:
         self.actor.save_policy(directory)

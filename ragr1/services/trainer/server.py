@@ -64,7 +64,7 @@ def build_loop(config: PPOConfig, status: TrainerStatus | None = None) -> PPOLoo
         group=config.group,
         consumer=config.consumer,
         start_version=config.start_version,
-        logprob_gap_threshold=config.logprob_gap_threshold,
+        health=config,
         max_uniform_groups=config.max_uniform_groups,
         trim_streams=config.trim_streams,
     )

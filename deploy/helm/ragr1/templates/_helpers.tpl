@@ -250,6 +250,16 @@ affinity:
 - {{ .Values.trainer.model | quote }}
 - --max-updates
 - "0"
+{{- with .Values.trainer.alarms }}
+- --likelihood-falling-updates
+- {{ .likelihoodFallingUpdates | quote }}
+- --entropy-floor
+- {{ .entropyFloor | quote }}
+- --kl-ceiling
+- {{ .klCeiling | quote }}
+- --logprob-gap-threshold
+- {{ .logprobGapThreshold | quote }}
+{{- end }}
 {{- with .Values.trainer.extraArgs }}
 {{ toYaml . }}
 {{- end }}
