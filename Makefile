@@ -13,8 +13,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
-# The CPU image built and the compose stack run under a real Docker engine, checked as a user would
-# (tests/docker/harness.py; long: the image build, then PPO updates on CPUs). Not part of
+# The CPU images (one per role) built and the compose stack run under a real Docker engine, checked as a user
+# would (tests/docker/harness.py; long: the image builds, then PPO updates on CPUs). Not part of
 # `make test`: it needs Docker (`apt-get install docker.io` as root) and minutes.
 test-docker: $(STAMP)
 	$(VENV)/bin/python -m tests.docker.harness
