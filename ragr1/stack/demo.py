@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 from ragr1.errors import ServiceCallError
 from ragr1.models import find_model, policy_checkpoint
+from ragr1.services.common import lifeline
 from ragr1.services.common.config import check_at_least, check_choice, flags, setting
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.client import PolicyClient
@@ -226,8 +228,11 @@ class Demo:
         log = self.directory / "logs" / "sft.log"
         args = [sys.executable, "-m", "ragr1", *self.sft_args(out)]
         print(f"SFT (format learning) on {self.train_file.name}; log {log}", flush=True)
+        # With a lifeline, as the services have: a demo killed mid-SFT must not leave the training running.
+        lifeline_env, lifeline_fds = lifeline.for_child()
         with open(log, "ab") as handle:
-            result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT)
+            result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **lifeline_env}, pass_fds=lifeline_fds)
         if result.returncode != 0:
             raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
         # Here, not at the top: the checkpoints are torch's, and ``ragr1 --help`` (which reads this module's
