@@ -100,7 +100,7 @@ def test_eval_names_an_unreachable_policy(tmp_path: Path) -> None:
     port = free_port()
     one_line_error(ragr1("eval", "--benchmarks", "nq", "--limit", "1", "--policy", f"127.0.0.1:{port}",
                          cwd=tmp_path),
-                   "ragr1 eval", "could not be reached", "UNAVAILABLE", f"127.0.0.1:{port}", code=1)
+                   "ragr1 eval", "ragr1.v1.Policy/Info", "UNAVAILABLE", f"127.0.0.1:{port}", code=1)
 
 
 def test_eval_reports_the_error_a_real_service_answers(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_eval_reports_the_error_a_real_service_answers(tmp_path: Path) -> None:
     with start_server(tmp_path, port):
         one_line_error(ragr1("eval", "--benchmarks", "nq", "--limit", "1", "--policy", f"127.0.0.1:{port}",
                              cwd=tmp_path),
-                       "ragr1 eval", "a service answered with an error", "UNIMPLEMENTED", code=1)
+                       "ragr1 eval", "ragr1.v1.Policy/Info", "UNIMPLEMENTED", code=1)
 
 
 def test_eval_refuses_malformed_files(tmp_path: Path) -> None:
