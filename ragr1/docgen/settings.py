@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.docgen import HEADER, ROOT, cell, code, slug, table
-from ragr1.services.common.config import env_name
+from ragr1.services.common.config import base_type, env_name
 
 # Flags every command has that are not settings.
 _NOT_SETTINGS = {"help", "config"}
@@ -84,7 +84,7 @@ def type_name(tp: Any) -> str:
 
 def flag_of(name: str, tp: Any) -> str:
     flag = "--" + name.replace("_", "-")
-    return f"{flag}, --no-{name.replace('_', '-')}" if tp is bool else flag
+    return f"{flag}, --no-{name.replace('_', '-')}" if base_type(tp) is bool else flag
 
 
 def source_of(cls: type) -> str:

@@ -54,3 +54,31 @@ def test_flags_round_trip() -> None:
     cfg = ShardLike(port=1234, shards=["x:1", "y:2"], drain_seconds=0.5)
     again = parse(config.to_flags(cfg), {})
     assert again == cfg
+
+
+@dataclasses.dataclass
+class WithOptionalBool(config.Validated):
+    bf16: bool | None = config.setting(None, "unset: the code decides")
+    verbose: bool = config.setting(False, "a plain switch")
+
+
+def test_an_optional_switch_is_on_off_or_unset_from_every_layer(tmp_path: Path) -> None:
+    def load(argv: list[str], env: dict[str, str], text: str = "") -> WithOptionalBool:
+        parser = argparse.ArgumentParser()
+        config.add_arguments(parser, WithOptionalBool)
+        file = tmp_path / "c.yaml"
+        file.write_text(text)
+        overrides = vars(parser.parse_args(argv))
+        del overrides["config"]
+        return config.load(WithOptionalBool, file=file if text else None, env=env, overrides=overrides)
+
+    assert load([], {}).bf16 is None
+    assert load(["--bf16"], {}).bf16 is True and load(["--no-bf16"], {}).bf16 is False
+    assert load([], {"RAGR1_BF16": "off"}).bf16 is False and load([], {"RAGR1_BF16": "auto"}).bf16 is None
+    assert load([], {}, "bf16: true\n").bf16 is True and load(["--no-bf16"], {}, "bf16: auto\n").bf16 is False
+    # "auto" means unset, which a plain switch does not have.
+    with pytest.raises(ValueError, match=r"config field 'verbose': not a boolean: 'auto'"):
+        load([], {"RAGR1_VERBOSE": "auto"})
+    for value in (True, False):
+        assert load(config.to_flags(WithOptionalBool(bf16=value)), {}).bf16 is value
+    assert config.to_flags(WithOptionalBool()) == ["--no-verbose"]

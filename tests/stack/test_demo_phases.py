@@ -88,6 +88,9 @@ def test_an_earlier_sft_model_skips_base_and_sft(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_path_that_is_not_a_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"sft_checkpoint .* is not a policy checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"sft_checkpoint .*missing: no such directory"):
         DemoConfig(run_dir=str(tmp_path / "run"), sft_checkpoint=str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"sft_checkpoint .*empty: no config.json there"):
+        DemoConfig(run_dir=str(tmp_path / "run"), sft_checkpoint=str(tmp_path / "empty"))
     assert not (tmp_path / "run").exists()

@@ -11,7 +11,7 @@ import torch
 from ragr1.cli import main
 from ragr1.services.trainer.config import PPOSettings, SFTConfig
 from ragr1.services.trainer.data import TokenSequence
-from ragr1.services.trainer.model import PolicyModel, collate, training_device
+from ragr1.services.trainer.model import PolicyModel, collate, native_bf16, training_device
 
 
 @pytest.fixture
@@ -28,6 +28,27 @@ def test_auto_picks_the_gpu_when_torch_sees_one(monkeypatch: pytest.MonkeyPatch,
     assert training_device("auto") == torch.device("cuda", 3)
     assert training_device("cuda") == torch.device("cuda", 3)
     assert training_device("cpu") == torch.device("cpu")
+
+
+def test_bf16_autocast_is_on_by_default_only_where_the_hardware_computes_bfloat16(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    cpu = torch.device("cpu")
+    cpuinfo = tmp_path / "cpuinfo"
+    for flags, native in (("fpu avx2 avx512f avx512bw", False), ("fpu avx2 avx512f avx512_bf16", True),
+                          ("fpu avx2 amx_tile amx_bf16", True)):
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        assert native_bf16(cpu, cpuinfo) is native, flags
+    assert native_bf16(cpu, tmp_path / "absent") is False  # not Linux: float32, never the emulated path
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert native_bf16(torch.device("cuda", 0)) is True
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)  # a V100 or a T4
+    assert native_bf16(torch.device("cuda", 0)) is False
+    # Unset follows this machine's CPU; a setting wins either way.
+    assert PPOSettings().bf16 is None and SFTConfig().bf16 is None
+    assert PolicyModel(tiny_model_dir).bf16 is native_bf16(cpu)
+    assert PolicyModel(tiny_model_dir, bf16=True).bf16 is True
+    assert PolicyModel(tiny_model_dir, bf16=False).bf16 is False
 
 
 def test_cuda_without_a_gpu_is_an_error_that_says_what_to_do(no_gpu: None) -> None:

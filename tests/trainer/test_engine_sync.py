@@ -160,7 +160,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
 ) -> None:
     vllm, loop = engine
     model_dir = prepare_policy_model()
-    # The shipped defaults (LoRA r16, bf16 autocast, KL in the reward, alarm threshold), small batches.
+    # The shipped defaults (LoRA r16, bf16 autocast where native, KL in the reward, alarm threshold), small batches.
     config = PPOConfig(batch_size=4, mini_batch_size=2, max_updates=3)
     updater = PPOUpdater.build(config, model_dir)
     settings = LoopSettings(

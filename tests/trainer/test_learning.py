@@ -1,4 +1,4 @@
-"""PPO learns: SmolLM2-135M (LoRA r16, bf16), sampled in-process, learns to answer with the word its
+"""PPO learns: SmolLM2-135M (LoRA r16, bf16 autocast where the CPU has native bfloat16), sampled in-process, learns to answer with the word its
 prompt gives it, inside <answer> tags: the mean reward of the last three updates is well above that of
 the first three. Slow: sampling and PPO updates on the CPU (generation is half of it)."""
 
@@ -41,7 +41,7 @@ SAMPLES_PER_PROMPT = 4
 @pytest.mark.slow
 def test_group_relative_ppo_raises_the_reward_of_a_small_pretrained_model() -> None:
     torch.manual_seed(0)
-    model = PolicyModel(prepare_policy_model(), lora_rank=16, bf16=True)
+    model = PolicyModel(prepare_policy_model(), lora_rank=16)
     # The shipped update (4 clipped mini-batch steps per batch of 16, AdamW with weight decay), GRPO,
     # with a learning rate and no warm-up that let 8 updates show the rise.
     settings = PPOSettings(

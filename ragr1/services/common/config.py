@@ -92,18 +92,18 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
-def _base_type(tp: Any) -> Any:
+def base_type(tp: Any) -> Any:
     """``int | None`` -> ``int``; ``list[str]`` stays as is."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _base_type(args[0])
+        return base_type(args[0])
     return tp
 
 
 def _convert(name: str, tp: Any, value: Any) -> Any:
     """Converts a file, environment or flag value to the field's type, naming the field on error."""
-    base = _base_type(tp)
+    base = base_type(tp)
     if value is None:
         return None
     try:
@@ -120,6 +120,8 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
                 return True
             if text in ("0", "false", "no", "off", ""):
                 return False
+            if text == "auto" and base is not tp:  # an optional bool: unset, the code decides
+                return None
             raise ValueError(f"not a boolean: {value!r}")
         if base is Path:
             return Path(value)
@@ -182,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         help_text = f"{f.metadata.get('help', '')} [default: {default!r}; env {env_name(f.name)}]"
         flag = "--" + f.name.replace("_", "-")
-        if _base_type(hints[f.name]) is bool:
+        if base_type(hints[f.name]) is bool:
             parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
                                 help=help_text)
         else:

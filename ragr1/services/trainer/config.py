@@ -24,7 +24,11 @@ class ModelSettings(Validated):
     model: str = setting("", "starting checkpoint (Hugging Face dir); empty: SmolLM2-135M-Instruct from its package")
     lora_rank: int = setting(0, "LoRA rank; 0 trains every weight")
     lora_alpha: int = setting(32, "LoRA alpha (scale = alpha / rank)")
-    bf16: bool = setting(True, "bfloat16 autocast (faster on GPUs and on CPUs with AVX-512 BF16)")
+    bf16: bool | None = setting(
+        None,
+        "bfloat16 autocast; unset: on where the hardware computes bfloat16 (a CUDA GPU that supports it, a CPU "
+        "with AVX-512 BF16 or AMX), off elsewhere, where emulated bfloat16 trains many times slower than float32",
+    )
     max_grad_norm: float = setting(1.0, "gradient clipping by global norm")
     micro_batch_size: int = setting(4, "sequences per forward/backward (gradients accumulate over the batch)")
     seed: int = setting(0, "random seed")

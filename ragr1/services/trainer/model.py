@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -36,6 +37,8 @@ from torch.utils.checkpoint import checkpoint
 from ragr1.services.trainer import fsdp, ppo
 from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
+
+log = logging.getLogger(__name__)
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -161,6 +164,22 @@ def _hidden_at(trunk: Any, batch: Batch, rows: torch.Tensor, cols: torch.Tensor)
     return hidden[rows, batch.positions[rows, cols]]
 
 
+def native_bf16(device: torch.device, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether ``device`` multiplies bfloat16 in hardware: a CUDA GPU that supports it, or an x86 CPU with
+    AVX-512 BF16 or AMX. Elsewhere (AVX2 CPUs, such as many AMD EPYC hosts) torch emulates bfloat16 matmuls
+    and autocast makes training many times slower than float32 (docs/services/trainer.md, measured)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:  # not Linux: no way to tell, and float32 is never the slow choice
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def autocast(bf16: bool, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -188,7 +207,7 @@ class PolicyModel(nn.Module):
         lora_rank: int = 0,
         lora_alpha: int = 32,
         with_reference: bool = False,
-        bf16: bool = True,
+        bf16: bool | None = None,
         gradient_checkpointing: bool = False,
         logit_chunk_tokens: int = 1024,
         device: torch.device | str = "cpu",
@@ -202,7 +221,11 @@ class PolicyModel(nn.Module):
         # fp32 master weights (AdamW's updates of LoRA adapters or every weight), bf16 compute by autocast.
         base: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         base.to(self.device)
-        self.bf16 = bf16
+        # None: bfloat16 autocast where the hardware computes it natively (native_bf16 says where).
+        self.bf16 = native_bf16(self.device) if bf16 is None else bf16
+        if bf16 is None:
+            log.info("bf16 autocast %s on %s (%s)", "on" if self.bf16 else "off", self.device,
+                     "native bfloat16" if self.bf16 else "no native bfloat16: float32 is faster here")
         self.lora = lora_rank > 0
         self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
         self.logit_chunk_tokens = logit_chunk_tokens
