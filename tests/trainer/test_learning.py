@@ -1,6 +1,7 @@
-"""PPO learns: SmolLM2-135M (LoRA r16, bf16 autocast where the CPU has native bfloat16), sampled in-process, learns to answer with the word its
-prompt gives it, inside <answer> tags: the mean reward of the last three updates is well above that of
-the first three. Slow: sampling and PPO updates on the CPU (generation is half of it)."""
+"""PPO learns: SmolLM2-135M (LoRA r16, bf16 autocast where the CPU has native bfloat16), sampled
+in-process, learns to answer with the word its prompt gives it, inside <answer> tags: the mean reward of
+the last three updates is well above that of the first three. Slow: sampling and PPO updates on the CPU
+(generation is half of it)."""
 
 from __future__ import annotations
 
