@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-docker test-faults lint proto dashboards docs
+.PHONY: demo test test-e2e test-docker test-faults lint proto dashboards docs
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -11,7 +11,13 @@ demo: $(STAMP)
 	bash scripts/main-job.sh
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -m "not e2e"
+
+# The whole commands end to end with every service and a vLLM engine (tests/e2e: `ragr1 demo --preset quick`
+# through SFT and RL; `ragr1 up` + `ragr1 eval`, then `ragr1 up` SIGKILLed). Minutes each, so not part of
+# `make test`; run before every stop.
+test-e2e: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
 
 # The CPU images (one per role) built and the compose stack run under a real Docker engine, checked as a user
 # would (tests/docker/harness.py; long: the image builds, then PPO updates on CPUs). Not part of

@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ragr1.services.common.redis_server import free_port
 from ragr1.stack.supervisor import port_in_use
 from tests.e2e.processes import processes_using_ports
+
+pytestmark = pytest.mark.e2e  # make test-e2e
 
 
 def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> None:

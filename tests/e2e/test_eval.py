@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
+import pytest
 
 from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.models import prepare_policy_model
@@ -22,6 +23,8 @@ from ragr1.services.common.provenance import code_commit
 from ragr1.services.common.redis_server import free_port
 from ragr1.shipped import EVAL_BENCHMARKS
 from ragr1.stack.supervisor import port_in_use
+
+pytestmark = pytest.mark.e2e  # make test-e2e
 
 
 def normalise(text: str) -> str:
