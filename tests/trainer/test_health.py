@@ -47,6 +47,14 @@ def test_the_monitor_counts_falling_updates_in_a_row_and_fires_on_each_threshold
     assert [f.alarm.name for f in monitor.check(broken)] == [a.name for a in ALARMS]
 
 
+def test_every_alarm_that_is_on_has_its_threshold_and_a_counter_series_from_the_start() -> None:
+    HealthMonitor(HealthSettings()).export_thresholds()
+    for alarm in ALARMS:
+        assert REGISTRY.get_sample_value("ragr1_trainer_alarm_threshold", {"alarm": alarm.name}) is not None
+        # A labelled counter has no series until a label is used: the dashboard's panel would say "no data".
+        assert REGISTRY.get_sample_value("ragr1_trainer_health_alarms_total", {"alarm": alarm.name}) is not None
+
+
 def test_a_zero_threshold_turns_its_alarm_off_and_the_settings_refuse_bad_ones() -> None:
     off = HealthSettings(likelihood_falling_updates=0, entropy_floor=0.0, kl_ceiling=0.0)
     assert thresholds(off) == {"weight_sync": 0.1}
@@ -193,7 +201,9 @@ def test_a_real_update_loop_driven_into_each_condition_logs_the_alarm_with_its_u
                      batch_size=6, samples_per_prompt=2, max_updates=0, health=case.health)
     threshold = getattr(case.health, next(a.threshold for a in ALARMS if a.name == alarm))
     assert REGISTRY.get_sample_value("ragr1_trainer_alarm_threshold", {"alarm": alarm}) == threshold
-    counted = REGISTRY.get_sample_value("ragr1_trainer_health_alarms_total", {"alarm": alarm}) or 0.0
+    # A series from the start (0 until the alarm first fires), so the dashboard's panel has data.
+    counted = REGISTRY.get_sample_value("ragr1_trainer_health_alarms_total", {"alarm": alarm})
+    assert counted is not None
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         records = drive(loop, redis_client, case.batch, case.updates, case.sync)
     fired = [r["version"] for r in records if alarm in r["alarms"]]  # type: ignore[operator]

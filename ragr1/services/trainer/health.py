@@ -89,8 +89,12 @@ class HealthMonitor:
         self.falling = 0
 
     def export_thresholds(self) -> None:
+        """Each alarm's threshold, and its counter at 0: a labelled counter has no series until a label is
+        used, so a healthy run would show "no data" on the dashboard's alarms panel and give ``increase()``
+        nothing to start from when the first alarm fires."""
         for name, value in self.thresholds.items():
             metrics.ALARM_THRESHOLD.labels(name).set(value)
+            metrics.HEALTH_ALARMS.labels(name)
 
     def check(self, record: MutableMapping[str, Any]) -> list[Fired]:
         """Adds ``likelihood_falling_updates`` to ``record`` and returns the alarms it sets off. An update
