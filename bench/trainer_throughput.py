@@ -31,7 +31,7 @@ from ragr1.services.trainer import data
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOSettings, SFTConfig
 from ragr1.services.trainer.loop import LoopSettings, PPOLoop
-from ragr1.services.trainer.model import PolicyModel
+from ragr1.services.trainer.model import PolicyModel, native_bf16
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 from ragr1.services.trainer.sft import SFTTrainer
 from ragr1.services.trainer.steplog import StepLog
@@ -40,6 +40,7 @@ from ragr1.v1 import common_pb2
 
 VARIANTS = {  # name -> (bf16, lora rank)
     "fp32 full": (False, 0),
+    "fp32 LoRA r16": (False, 16),
     "bf16 full": (True, 0),
     "bf16 LoRA r16": (True, 16),
 }
@@ -135,11 +136,18 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=4, help="sequences per step")
     parser.add_argument("--response-tokens", type=int, default=128, help="PPO response length")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per variant")
+    parser.add_argument("--emulated-bf16", action="store_true",
+                        help="time the bf16 rows on a CPU without native bfloat16 too (tens of times slower)")
     args = parser.parse_args()
+    # Emulated bfloat16 runs for many minutes a step (docs/results/2026-11-26-bf16-avx2.md): measured on request.
+    variants = {name: v for name, v in VARIANTS.items()
+                if not v[0] or args.emulated_bf16 or native_bf16(torch.device("cpu"))}
     torch.manual_seed(0)
     model_dir = prepare_policy_model()
     tokenizer = PolicyModel(model_dir).tokenizer
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
+    if len(variants) < len(VARIANTS):
+        print("no native bfloat16 on this CPU: the bf16 rows are left out (--emulated-bf16 times them)")
     items = data.load_supported_questions(train_path("hotpotqa"), limit=args.sequences // 2)
     information = InformationFormat(tokenizer, TOKENS_PER_QUERY)  # type: ignore[arg-type]
     sft_sequences = data.tokenize_trajectories(
@@ -148,7 +156,7 @@ def main() -> None:
     mean_len = sum(len(s.prompt_ids) + len(s.response_ids) for s in sft_sequences) / len(sft_sequences)
     print(f"\nSFT: {len(sft_sequences)} trajectories per step, {mean_len:.0f} tokens each")
     base = None
-    for name, (bf16, lora) in VARIANTS.items():
+    for name, (bf16, lora) in variants.items():
         rate = sft_tokens_per_second(model_dir, sft_sequences, bf16, lora, args.steps)
         base = base or rate
         print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x fp32 full)")
@@ -159,13 +167,13 @@ def main() -> None:
         f"{mean_len:.0f} tokens each"
     )
     base = None
-    for name, (bf16, lora) in VARIANTS.items():
+    for name, (bf16, lora) in variants.items():
         rate = ppo_tokens_per_second(model_dir, samples, bf16, lora, args.steps)
         base = base or rate
         print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x fp32 full)")
     queue, update = queue_overhead(model_dir, samples, args.steps)
     print(
-        f"\nQueue per PPO step (bf16 LoRA): {queue * 1000:.1f} ms of queue work against "
+        f"\nQueue per PPO step (LoRA, the trainer's precision): {queue * 1000:.1f} ms of queue work against "
         f"{update:.1f} s of update "
         f"= {100 * queue / update:.2f}% added (target < 5%)"
     )

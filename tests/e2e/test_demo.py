@@ -22,7 +22,7 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     base = free_port() // 100 * 100  # a block of ports away from the defaults
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        # The quick preset, smaller still (flags override a preset): this test is the suite's longest. On the
+        # The quick preset, smaller still (flags override a preset): this is the longest end-to-end test. On the
         # default's PopQA question the one-question SFT model answers without searching; on these multi-hop
         # ones it searches, so the retriever's latency is in the report.
         [sys.executable, "-m", "ragr1", "demo", "--preset", "quick", "--eval-questions", "1",

@@ -48,7 +48,7 @@ def test_the_monitor_counts_falling_updates_in_a_row_and_fires_on_each_threshold
 
 
 def test_every_alarm_that_is_on_has_its_threshold_and_a_counter_series_from_the_start() -> None:
-    HealthMonitor(HealthSettings()).export_thresholds()
+    HealthMonitor(HealthSettings()).export_metrics()
     for alarm in ALARMS:
         assert REGISTRY.get_sample_value("ragr1_trainer_alarm_threshold", {"alarm": alarm.name}) is not None
         # A labelled counter has no series until a label is used: the dashboard's panel would say "no data".

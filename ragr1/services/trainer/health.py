@@ -88,7 +88,7 @@ class HealthMonitor:
         self.thresholds = thresholds(settings)
         self.falling = 0
 
-    def export_thresholds(self) -> None:
+    def export_metrics(self) -> None:
         """Each alarm's threshold, and its counter at 0: a labelled counter has no series until a label is
         used, so a healthy run would show "no data" on the dashboard's alarms panel and give ``increase()``
         nothing to start from when the first alarm fires."""

@@ -305,7 +305,7 @@ class PPOLoop:
         self._skipped: list[list[float]] = []
         self._synced_at = time.monotonic()
         self.health = HealthMonitor(settings.health)
-        self.health.export_thresholds()
+        self.health.export_metrics()
 
     # -- state ----------------------------------------------------------------------------------
     def resume(self) -> None:
