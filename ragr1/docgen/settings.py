@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.docgen import HEADER, ROOT, cell, code, slug, table
-from ragr1.services.common.config import base_type, env_name
+from ragr1.services.common.config import base_type, env_name, flag_name, managed_of, section_of, settings_of
 
 # Flags every command has that are not settings.
 _NOT_SETTINGS = {"help", "config"}
@@ -83,18 +83,34 @@ def type_name(tp: Any) -> str:
 
 
 def flag_of(name: str, tp: Any) -> str:
-    flag = "--" + name.replace("_", "-")
-    return f"{flag}, --no-{name.replace('_', '-')}" if base_type(tp) is bool else flag
+    flag = flag_name(name)
+    return f"{flag}, --no-{flag.removeprefix('--')}" if base_type(tp) is bool else flag
 
 
 def source_of(cls: type) -> str:
     return Path(inspect.getsourcefile(cls) or "").resolve().relative_to(ROOT).as_posix()
 
 
-def settings_table(cls: type) -> str:
+def section_row(name: str, f: dataclasses.Field[Any], sub: type, found: list[Command]) -> list[str]:
+    """A section: where its settings are listed (the command it configures), and which the owner sets."""
+    home = next((c for c in found if issubclass(c.config_class, sub)), None)
+    where = f"[{home.name}](#{slug(home.name)})" if home else f"`{sub.__name__}`"
+    managed = managed_of(f)
+    text = f"{f.metadata.get('help', '')}: the settings of {where}, each under `{name}.`"
+    if managed:
+        text += "; set by this command itself: " + ", ".join(managed)
+    return [code(name), code(flag_name(name) + ".<setting>"), code(env_name(name) + "__<SETTING>"),
+            f"`{sub.__name__}`", "its command's", cell(text)]
+
+
+def settings_table(cls: type, found: list[Command]) -> str:
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
+        sub = section_of(f)
+        if sub is not None:
+            rows.append(section_row(f.name, f, sub, found))
+            continue
         rows.append([
             code(f.name), code(flag_of(f.name, hints[f.name])), code(env_name(f.name)), type_name(hints[f.name]),
             code(show(default_of(f))), cell(f.metadata.get("help", "")),
@@ -103,8 +119,8 @@ def settings_table(cls: type) -> str:
 
 
 def other_flags(command: Command) -> list[str]:
-    """Flags of ``command`` that are not fields of its config class (``ragr1 demo --preset``)."""
-    names = {f.name for f in dataclasses.fields(command.config_class)} | _NOT_SETTINGS
+    """Flags of ``command`` that are not settings of its config class (``ragr1 demo --preset``)."""
+    names = {name for name, _, _ in settings_of(command.config_class)} | _NOT_SETTINGS
     out = []
     for action in command.parser._actions:
         if action.dest not in names and action.option_strings:
@@ -126,6 +142,8 @@ A setting's value comes from, lowest to highest precedence:
    boolean off).
 
 Lists are comma-separated in flags and the environment (`--benchmarks nq,popqa`), YAML lists in a file.
+A *section* holds the settings of another command that this one runs, under that command's names:
+`ragr1 demo --ppo.actor-lr 1e-5`, `RAGR1_PPO__ACTOR_LR`, or `ppo: {{actor_lr: 1e-5}}` in a file.
 A bad value is refused before anything starts, naming the setting. `ragr1 <command> --help` prints the same
 table for one command.
 
@@ -144,7 +162,7 @@ Commands: {", ".join(f"[{c.name}](#{slug(c.name)})" for c in found)}.
         first_of[cls] = command
         parts.append(f"Settings: `{cls.__name__}` in `{source_of(cls)}`." + (f" Here {fixed}." if fixed else "")
                      + "\n\n")
-        parts.append(settings_table(cls))
+        parts.append(settings_table(cls, found))
         others = other_flags(command)
         if others:
             parts.append("\nOther flags: " + "; ".join(others) + "\n")

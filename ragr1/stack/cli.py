@@ -46,13 +46,11 @@ def _demo(config: DemoConfig) -> int:
 
 
 def _demo_preset(args: argparse.Namespace) -> None:
-    """``--preset NAME`` is the config file ``ragr1/stack/presets/NAME.yaml``."""
-    from ragr1.stack.demo import preset_path
+    """``--preset NAME`` is the config file ``ragr1/stack/presets/NAME.yaml``, over ``default.yaml``, as
+    is a ``--config`` file."""
+    from ragr1.stack.demo import preset_files
 
-    if args.preset:
-        if args.config:
-            raise ValueError("give --preset or --config, not both (flags override either)")
-        args.config = preset_path(args.preset)
+    args.config = preset_files(args.preset, args.config)
 
 
 def _policy_target(config: EvalConfig) -> str:
@@ -123,11 +121,13 @@ def register(commands: Any, serve: Any) -> None:
     command(commands, "up", UpConfig, _up, help="start the whole stack as local processes until Ctrl-C")
     demo = command(
         commands, "demo", DemoConfig, _demo, prepare=_demo_preset,
-        help="the stack, then base / SFT / RL stages, each evaluated on the same held-out questions",
+        help="the stack, then base / SFT / RL stages, each evaluated on the same held-out questions; the demo's "
+             "own values are ragr1/stack/presets/default.yaml's, over the defaults below",
     )
     demo.add_argument("--preset", default="",
                       help="quick (a smoke run, minutes) or long (hours: RL long enough to move held-out EM); "
-                           "a YAML file of settings under ragr1/stack/presets/, overridden by flags")
+                           "a YAML file of settings under ragr1/stack/presets/, over default.yaml (the demo's "
+                           "own choices), overridden by flags")
     command(
         commands, "eval", EvalConfig, _eval,
         help="evaluate the served policy on benchmarks through the running stack",

@@ -63,7 +63,18 @@ class UpConfig(StackConfig):
 
 
 @dataclasses.dataclass
-class EvalConfig(Validated):
+class EvalSettings(Validated):
+    """How ``ragr1 eval`` calls the policy (the demo's evaluations too)."""
+
+    batch_size: int = setting(16, "questions per Policy.Rollout call")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("batch_size", 1),))
+
+
+@dataclasses.dataclass
+class EvalConfig(EvalSettings):
     """``ragr1 eval``."""
 
     policy: str = setting(f"127.0.0.1:{ports.POLICY}", "policy gRPC address")
@@ -76,7 +87,6 @@ class EvalConfig(Validated):
     mode: str = setting(
         "multi", "none (no retrieval), single, multi, a comma-separated list, both (single,multi) or all"
     )
-    batch_size: int = setting(16, "questions per Policy.Rollout call")
     checkpoint: str = setting("", "load this checkpoint into the policy first")
     out: str = setting("", "write the summaries and every question's answer and scores as JSON here")
 
@@ -88,7 +98,7 @@ class EvalConfig(Validated):
         if unknown:
             raise ValueError(f"benchmarks: unknown {unknown}; known: {', '.join(EVAL_BENCHMARKS)}")
         self.modes()
-        check_at_least(self, (("batch_size", 1), ("limit", 1)))
+        check_at_least(self, (("limit", 1),))
 
     def modes(self) -> list[str]:
         return parse_modes(self.mode)

@@ -13,7 +13,8 @@ A recipe in phases over the local stack:
 
 Every evaluation runs the same held-out questions greedily in three modes (no retrieval, single-query,
 multi-query), with nothing else running on the policy, so each stage's effect is visible on its own.
-Presets (``--preset quick``) are YAML files of settings beside this module; flags override them.
+Presets (``--preset quick``) are YAML files of settings beside this module, over ``default.yaml`` (the demo's
+own choices); flags override them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,41 +36,60 @@ from tqdm import tqdm
 from ragr1.errors import ServiceCallError
 from ragr1.models import find_model, policy_checkpoint
 from ragr1.services.common import lifeline
-from ragr1.services.common.config import check_at_least, check_choice, flags, setting
-from ragr1.services.common.streams import PROMPTS, StreamQueue
+from ragr1.services.common.config import check_at_least, check_choice, flags, load, section, setting
+from ragr1.services.common.server import ServerConfig
+from ragr1.services.common.streams import PROMPTS, QueueConfig, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.client import TrainerClient
-from ragr1.services.trainer.config import SFTConfig
+from ragr1.services.trainer.config import PPOConfig, SFTConfig
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import evaluate, plan, report, stats
-from ragr1.stack.config import StackConfig
+from ragr1.stack.config import EvalSettings, StackConfig
 from ragr1.stack.local import run_dir, start_stack
 from ragr1.stack.questions import Split, split_questions, write_jsonl
 from ragr1.stack.supervisor import ServiceSpec, StackError, Supervisor
 from ragr1.v1 import common_pb2
 
 PRESETS = Path(__file__).resolve().parent / "presets"
+# The demo's own choices (sizes for two CPU cores, GRPO, dynamic sampling), under every other preset.
+DEFAULT_PRESET = "default"
 STAGES = ("base", "sft", "rl")
 EVAL_MODES = ("none", "single", "multi")
 # The rollout workers' consumer group on the prompts stream (the policy's default).
 WORKER_GROUP = "rollout-workers"
+# What the demo sets on its ``ragr1 train sft`` and ``ragr1 train ppo`` itself: where they run, what they
+# start from and write, its own question files, and the information blocks, which must be the policy's.
+SFT_SET_BY_DEMO = ("model", "train_files", "limit", "modes", "top_k", "tokens_per_query", "output_dir")
+PPO_SET_BY_DEMO = (
+    *(f.name for f in dataclasses.fields(ServerConfig) if f.name != "log_level"),
+    *(f.name for f in dataclasses.fields(QueueConfig)),
+    "model", "output_dir", "threads", "prompts_file", "start_version", "policy_replicas",
+)
 
 
 def preset_path(name: str) -> Path:
     path = PRESETS / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
-        raise ValueError(f"no demo preset {name!r}; presets: default, {known}")
+        raise ValueError(f"no demo preset {name!r}; presets: {known}")
     return path
+
+
+def preset_files(preset: str = DEFAULT_PRESET, file: Path | None = None) -> list[Path]:
+    """The config files of a demo run, later over earlier: the default preset, then ``preset`` or a file of
+    the user's."""
+    if preset and file is not None:
+        raise ValueError("give --preset or --config, not both (flags override either)")
+    top = [file] if file is not None else [preset_path(preset)] if preset and preset != DEFAULT_PRESET else []
+    return [preset_path(DEFAULT_PRESET), *top]
 
 
 @dataclasses.dataclass
 class DemoConfig(StackConfig):
-    # The policy's loop sized for two CPU cores: shorter blocks and context than the defaults (RAG-R1's
-    # layout and per-query cut all the same); SFT uses the same values, so it teaches what RL shows.
-    tokens_per_query: int = setting(160, "policy and SFT: document tokens per query in <information>")
-    max_model_len: int = setting(4096, "policy: context length (prompt + response)")
-    max_tokens_per_turn: int = setting(192, "policy: new tokens per generation turn")
+    """``ragr1 demo``: the stack's settings, the questions, and the settings of each stage in a section
+    named for the command it runs (``sft``: ``ragr1 train sft``, ``ppo``: ``ragr1 train ppo``, ``eval``:
+    ``ragr1 eval``), under that command's own names. The demo's values are the ``default`` preset's."""
+
     # Held-out questions from the distributions RL trains on: RL is measured where it can learn, not on a
     # benchmark it never trained on.
     sources: list[str] = setting(lambda: ["popqa", "hotpotqa"],
@@ -85,47 +105,31 @@ class DemoConfig(StackConfig):
         lambda: ["popqa", "hotpotqa"], "sources of the RL prompts (empty: --sources; popqa: its birthplaces)",
         factory=True,
     )
-    eval_batch: int = setting(32, "questions per Policy.Rollout call when evaluating")
-    sft_epochs: int = setting(1, "SFT passes over the trajectories (single- and multi-query of each question)")
-    sft_lr: float = setting(5e-5, "SFT learning rate (full fine-tune)")
-    sft_micro_batch: int = setting(2, "SFT sequences per forward/backward")
-    rl_updates: int = setting(5, "RL updates (each: a batch of rollouts through Redis, then a weights push)")
-    rl_prompts: int = setting(2, "prompts per RL update")
-    rl_samples: int = setting(4, "rollouts per prompt (a GRPO group)")
-    # On; RAG-R1 trains every group, but under GRPO a group of equal scores has zero advantage, and most of
-    # the SFT model's groups score all 0: without skipping them most updates would train on nothing.
-    rl_uniform_groups: int = setting(
-        3, "dynamic sampling (DAPO's): groups of equal scores skipped per RL update, more sampled instead (0: off)"
-    )
-    rl_advantage: str = setting("grpo", "gae (PPO with a critic, RAG-R1's) or grpo (group-relative, no critic)")
-    # Unset: the trainer's own defaults (`ragr1 train ppo --help`), so the demo measures what a user gets.
-    rl_lr: float | None = setting(
-        None, "RL actor learning rate; None (unset): the trainer's default for the parameterisation (--rl-lora-rank)"
-    )
-    rl_lora_rank: int | None = setting(None, "RL LoRA rank (0: full fine-tune); None (unset): the trainer's default")
-    rl_mini_batch: int = setting(4, "RL rollouts per clipped optimiser step (RAG-R1: 4 steps per batch)")
-    rl_micro_batch: int = setting(2, "RL sequences per forward/backward")
-    rl_mode: str = setting("multi", "search mode of the RL prompts: single or multi (RAG-R1 trains multi)")
-    # RAG-R1 pays exact match only; a 135M model answers a multi-hop question exactly so rarely that most
-    # GRPO groups score all 0 and teach nothing. F1 pays partial answers.
-    reward: str = setting("f1", "what RL is paid for: em (exact match, RAG-R1's) or f1 (token F1)")
     quick_index: bool = setting(False, "index only the paragraphs of the demo's questions (minutes saved)")
     sft_checkpoint: str = setting(
         "",
         "RL on an earlier run's SFT model (its sft/checkpoints/v000001/policy, from a run with the same questions): "
         "skips evaluating the base model and SFT, for RL ablations on one SFT model",
     )
+    sft: SFTConfig = section(SFTConfig, "`ragr1 train sft` of the SFT stage", managed=SFT_SET_BY_DEMO)
+    ppo: PPOConfig = section(PPOConfig, "`ragr1 train ppo` of the RL stage (batch_size / samples_per_prompt "
+                             "prompts per update, max_updates updates)", managed=PPO_SET_BY_DEMO)
+    eval: EvalSettings = section(EvalSettings, "`ragr1 eval` of every stage's evaluation")
 
     def validate(self) -> None:
         super().validate()
-        check_choice("rl_mode", self.rl_mode, ("single", "multi"))
-        check_choice("rl_advantage", self.rl_advantage, ("gae", "grpo"))
-        check_at_least(self, (
-            ("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1), ("eval_batch", 1),
-            ("sft_epochs", 1), ("rl_updates", 1), ("rl_prompts", 1), ("rl_samples", 1), ("rl_uniform_groups", 0),
-        ))
+        check_at_least(self, (("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1)))
+        check_choice("ppo.mode", self.ppo.mode, ("single", "multi"))
+        if self.ppo.max_updates < 1:
+            raise ValueError(f"ppo.max_updates must be at least 1 (the demo's RL ends), got {self.ppo.max_updates}")
         if self.sft_checkpoint:
             find_model(self.sft_checkpoint, "sft_checkpoint")  # refused here, naming what it holds
+
+
+def demo_config(preset: str = DEFAULT_PRESET, **settings: Any) -> DemoConfig:
+    """A demo's settings as ``ragr1 demo --preset <preset>`` makes them, ``settings`` (dotted names for a
+    section's, as flags) over the preset and no environment."""
+    return load(DemoConfig, file=preset_files(preset), env={}, overrides=settings)
 
 
 @dataclasses.dataclass
@@ -188,7 +192,7 @@ class Demo:
         with tqdm(total=len(EVAL_MODES) * len(self.eval_set), desc=f"evaluate {stage}", unit=" q") as bar:
             for mode in EVAL_MODES:
                 rollouts, seconds = evaluate.run_questions(
-                    lambda tasks: policy.rollout(tasks), self.eval_set, mode, batch_size=c.eval_batch,
+                    lambda tasks: policy.rollout(tasks), self.eval_set, mode, batch_size=c.eval.batch_size,
                     run=stage, progress=bar.update,
                 )
                 summaries += evaluate.summarise_sources(mode, rollouts, seconds)
@@ -217,9 +221,9 @@ class Demo:
         """``ragr1 train sft``'s arguments: the demo's SFT questions, both modes, the loop's block budget."""
         c = self.config
         return ["train", "sft", *flags(SFTConfig, {
+            **chosen(c.sft, SFT_SET_BY_DEMO),
             "model": str(self.model), "train_files": [str(self.train_file)], "limit": 0,
-            "modes": ["single", "multi"], "epochs": c.sft_epochs, "lr": c.sft_lr,
-            "micro_batch_size": c.sft_micro_batch, "tokens_per_query": c.tokens_per_query, "output_dir": str(out),
+            "modes": ["single", "multi"], "tokens_per_query": c.tokens_per_query, "output_dir": str(out),
         })]
 
     def sft(self) -> Path:
@@ -245,26 +249,23 @@ class Demo:
         return policy_dir(latest[0])
 
     def rl_spec(self, start_checkpoint: Path, start_version: int) -> ServiceSpec:
-        """The PPO trainer of the RL stage: GRPO groups of the RL questions, ``rl_updates`` updates."""
+        """The PPO trainer of the RL stage: the ``ppo`` section on the RL questions, ``ppo.max_updates`` updates."""
         c = self.config
         return plan.trainer_spec(c, self.ports, start_checkpoint, self.directory / "rl", {
-            "prompts_file": str(self.rl_file), "mode": c.rl_mode, "start_version": start_version,
-            "max_updates": c.rl_updates, "batch_size": c.rl_prompts * c.rl_samples,
-            "samples_per_prompt": c.rl_samples, "max_uniform_groups": c.rl_uniform_groups,
-            "advantage": c.rl_advantage, "actor_lr": c.rl_lr, "lora_rank": c.rl_lora_rank,
-            "mini_batch_size": c.rl_mini_batch, "micro_batch_size": c.rl_micro_batch,
+            **chosen(c.ppo, PPO_SET_BY_DEMO), "prompts_file": str(self.rl_file), "start_version": start_version,
         })
 
     def rl(self, supervisor: Supervisor, start_checkpoint: Path, start_version: int) -> int:
-        """The trainer as a service of the stack until it has made ``rl_updates`` updates; returns the
+        """The trainer as a service of the stack until it has made ``ppo.max_updates`` updates; returns the
         version the policy then serves."""
         c = self.config
         self.rl_dir = self.directory / "rl"
         spec = self.rl_spec(start_checkpoint, start_version)
         proc = supervisor.add(spec)
-        target = start_version + c.rl_updates
+        updates = c.ppo.max_updates
+        target = start_version + updates
         trainer = TrainerClient(spec.target)
-        with tqdm(total=c.rl_updates, desc="RL updates") as bar:
+        with tqdm(total=updates, desc="RL updates") as bar:
             done = 0
             while proc.alive():
                 dead = [d for d in supervisor.dead() if d != "trainer"]
@@ -278,7 +279,7 @@ class Demo:
                     bar.update(version - start_version - done)
                     done = version - start_version
                 time.sleep(2)
-            bar.update(c.rl_updates - done)
+            bar.update(updates - done)
         trainer.close()
         code = proc.process.returncode if proc.process else None
         if code != 0:
@@ -436,7 +437,7 @@ class Demo:
                 print("GRPO groups whose samples differ, per update: in F1 "
                       + " ".join(f"{s['signal_f1']:.2f}" for s in rl_steps) + "; in exact match "
                       + " ".join(f"{s['signal_exact_match']:.2f}" for s in rl_steps), flush=True)
-            if self.config.rl_uniform_groups:
+            if self.config.ppo.max_uniform_groups:
                 print("groups skipped for equal scores (dynamic sampling), per update: "
                       + " ".join(str(s.get("groups_skipped_uniform", 0)) for s in rl_steps)
                       + "; mean reward of every sampled rollout, skipped groups included: "
@@ -452,6 +453,14 @@ class Demo:
         print(f"done in {wall_seconds / 60:.1f} min ({', '.join(f'{k} {v / 60:.1f}' for k, v in self.phases.items())})",
               flush=True)
         return result
+
+
+def chosen(config: Any, set_by_demo: Sequence[str]) -> dict[str, Any]:
+    """The settings of a stage's section that differ from its command's defaults: what its command line
+    must carry (the demo's own, ``set_by_demo``, left out)."""
+    default = type(config)()
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.name not in set_by_demo and getattr(config, f.name) != getattr(default, f.name)}
 
 
 def demo(config: DemoConfig) -> int:

@@ -82,3 +82,76 @@ def test_an_optional_switch_is_on_off_or_unset_from_every_layer(tmp_path: Path) 
     for value in (True, False):
         assert load(config.to_flags(WithOptionalBool(bf16=value)), {}).bf16 is value
     assert config.to_flags(WithOptionalBool()) == ["--no-verbose"]
+
+
+@dataclasses.dataclass
+class Stage(config.Validated):
+    lr: float = config.setting(1e-5, "learning rate")
+    steps: int = config.setting(10, "steps")
+    output_dir: str = config.setting("out", "where it writes")
+
+    def validate(self) -> None:
+        super().validate()
+        config.check_at_least(self, (("steps", 1),))
+
+
+@dataclasses.dataclass
+class Recipe(config.Validated):
+    name: str = config.setting("run", "run name")
+    train: Stage = config.section(Stage, "the training stage", managed=("output_dir",))
+
+
+def parse_recipe(argv: list[str], env: dict[str, str]) -> Recipe:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, Recipe)
+    args = parser.parse_args(argv)
+    overrides = {n: getattr(args, n) for n, _, _ in config.settings_of(Recipe) if getattr(args, n) is not None}
+    return config.load(Recipe, file=args.config, env=env, overrides=overrides)
+
+
+def test_a_section_s_settings_keep_their_names_in_every_layer(tmp_path: Path) -> None:
+    """A section is another command's config: its settings come from a nested mapping in a file,
+    ``RAGR1_<SECTION>__<SETTING>`` and ``--<section>.<setting>``, in the usual precedence."""
+    file = tmp_path / "recipe.yaml"
+    file.write_text("name: small\ntrain:\n  lr: 3.0e-4\n  steps: 5\n")
+    assert parse_recipe([], {}).train == Stage()
+    from_file = parse_recipe(["--config", str(file)], {})
+    assert (from_file.name, from_file.train.lr, from_file.train.steps) == ("small", 3e-4, 5)
+    from_env = parse_recipe(["--config", str(file)], {"RAGR1_TRAIN__STEPS": "7"})
+    assert (from_env.train.lr, from_env.train.steps) == (3e-4, 7)
+    from_flag = parse_recipe(["--config", str(file), "--train.steps", "9"], {"RAGR1_TRAIN__STEPS": "7"})
+    assert (from_flag.train.lr, from_flag.train.steps) == (3e-4, 9)
+    assert parse_recipe(config.to_flags(from_flag), {}) == from_flag
+
+
+def test_later_files_override_earlier_ones_section_by_section(tmp_path: Path) -> None:
+    base, top = tmp_path / "base.yaml", tmp_path / "top.yaml"
+    base.write_text("train:\n  lr: 3.0e-4\n  steps: 5\n")
+    top.write_text("train:\n  steps: 2\n")
+    loaded = config.load(Recipe, file=[base, top], env={})
+    assert (loaded.train.lr, loaded.train.steps) == (3e-4, 2)
+
+
+def test_a_section_refuses_what_its_class_refuses_naming_the_section(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="train: steps must be at least 1, got 0"):
+        parse_recipe(["--train.steps", "0"], {})
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("train:\n  step: 3\n")
+    with pytest.raises(ValueError, match=r"unknown settings \['train.step'\]; train.step: did you mean train.steps\?"):
+        parse_recipe(["--config", str(misspelt)], {})
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("train: 3\n")
+    with pytest.raises(ValueError, match="train is a section: a mapping of Stage's settings"):
+        parse_recipe(["--config", str(flat)], {})
+
+
+def test_what_the_owner_sets_itself_has_no_flag_and_is_refused_elsewhere(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse_recipe(["--train.output-dir", "x"], {})
+    with pytest.raises(ValueError, match=r"train.output_dir is not a setting of this command.*RAGR1_TRAIN__OUTPUT_DIR"):
+        parse_recipe([], {"RAGR1_TRAIN__OUTPUT_DIR": "x"})
+    file = tmp_path / "managed.yaml"
+    file.write_text("train:\n  output_dir: x\n")
+    with pytest.raises(ValueError, match=r"train\.output_dir is not a setting of this command"):
+        parse_recipe(["--config", str(file)], {})
+    assert "--train.output-dir" not in config.to_flags(Recipe())

@@ -60,7 +60,7 @@ def _run(config: DemoConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 
     def rl(supervisor: Any, start: Path, start_version: int) -> int:
         calls.append(f"rl from {start.name} v{start_version}")
-        policies[-1].version = start_version + config.rl_updates
+        policies[-1].version = start_version + config.ppo.max_updates
         return policies[-1].version
 
     monkeypatch.setattr(runner, "rl", rl)

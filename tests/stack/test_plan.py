@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from ragr1.cli import build_parser
 from ragr1.services.common.config import from_args
 from ragr1.services.policy.config import PolicyConfig
@@ -14,7 +12,7 @@ from ragr1.services.reward.config import RewardConfig
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
 from ragr1.stack import plan
 from ragr1.stack.config import StackConfig
-from ragr1.stack.demo import Demo, DemoConfig
+from ragr1.stack.demo import Demo, demo_config
 
 
 def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> None:
@@ -51,8 +49,9 @@ def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> Non
 def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> None:
     """The demo writes ``train sft`` and ``train ppo`` command lines from its own settings; read back by the
     trainer's configs, they say what the demo's flags said."""
-    demo = Demo(DemoConfig(run_dir=str(tmp_path / "run"), base_port=41000, sft_epochs=2, sft_lr=3e-5,
-                           tokens_per_query=96, rl_prompts=3, rl_samples=4, rl_lr=2e-4, rl_mode="single"))
+    demo = Demo(demo_config(**{"run_dir": str(tmp_path / "run"), "base_port": 41000, "sft.epochs": 2,
+                               "sft.lr": 3e-5, "tokens_per_query": 96, "ppo.batch_size": 12,
+                               "ppo.samples_per_prompt": 4, "ppo.actor_lr": 2e-4, "ppo.mode": "single"}))
     demo.model, demo.train_file, demo.rl_file = tmp_path / "model", tmp_path / "train.jsonl", tmp_path / "rl.jsonl"
     parser = build_parser()
     sft = from_args(SFTConfig, parser.parse_args(demo.sft_args(tmp_path / "sft")))
@@ -69,10 +68,9 @@ def test_the_demo_trains_with_the_trainer_s_default_learning_rates(tmp_path: Pat
     """Unless told otherwise (or a preset says why), the demo's RL stage gets the rates a user of
     ``ragr1 train ppo`` gets: no learning rate or LoRA rank on its command line."""
     presets = sorted((Path(plan.__file__).parent / "presets").glob("*.yaml"))
-    assert presets
-    for config in [DemoConfig(run_dir=str(tmp_path / "run")),
-                   *(DemoConfig(run_dir=str(tmp_path / "run"), **yaml.safe_load(p.read_text())) for p in presets)]:
-        demo = Demo(config)
+    assert len(presets) >= 3
+    for preset in presets:
+        demo = Demo(demo_config(preset.stem, run_dir=str(tmp_path / "run")))
         demo.model, demo.rl_file = tmp_path / "model", tmp_path / "rl.jsonl"
         args = demo.rl_spec(tmp_path / "sft-model", 1).args
         assert not {"--actor-lr", "--critic-lr", "--lora-rank"} & set(args)

@@ -33,7 +33,8 @@ def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> 
     [
         (["--reward", "bleu"], "reward must be one of em, f1, got 'bleu'"),
         (["--rl-questions", "0"], "rl_questions must be at least 1"),
-        (["--rl-mode", "both"], "rl_mode must be one of single, multi, got 'both'"),
+        (["--ppo.mode", "both"], "ppo.mode must be one of"),
+        (["--ppo.samples-per-prompt", "3"], "ppo: batch_size (8) must be a multiple of samples_per_prompt (3)"),
     ],
 )
 def test_bad_rl_settings_stop_the_demo_before_anything_starts(

@@ -9,6 +9,11 @@ Values come from, lowest to highest precedence:
 3. environment variables ``RAGR1_<FIELD>`` (upper case, e.g. ``RAGR1_PORT=50051``);
 4. command-line flags ``--<field-name>`` (dashes for underscores, e.g. ``--metrics-port 9100``).
 
+A field may be a *section*: another config dataclass whose settings a command passes on to a command it
+runs (``ragr1 demo``'s ``ppo`` is the ``PPOConfig`` of its ``ragr1 train ppo``). Its settings keep their own
+names under the section's: ``--ppo.actor-lr``, ``RAGR1_PPO__ACTOR_LR``, ``ppo: {actor_lr: ...}`` in a file,
+and the section's class checks them as it checks its own command's flags.
+
 ``ragr1 serve <service> --help`` lists every field with its default and environment variable.
 """
 
@@ -16,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +42,40 @@ def setting(default: Any, help: str, *, factory: bool = False) -> Any:
     if factory:
         return dataclasses.field(default_factory=default, metadata={"help": help})
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def section(cls: type, help: str, *, managed: Sequence[str] = ()) -> Any:
+    """A nested config of type ``cls``, defaulting to ``cls()``. ``managed``: fields of ``cls`` the owning
+    command sets itself (where its services listen, its own files): they get no flag, and a file or
+    variable that sets one is refused."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(managed) - names)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {unknown}")
+    return dataclasses.field(default_factory=cls, metadata={"help": help, "section": cls, "managed": tuple(managed)})
+
+
+def section_of(f: dataclasses.Field[Any]) -> type | None:
+    """The config class of a section field, or None for a plain setting."""
+    cls: type | None = f.metadata.get("section")
+    return cls
+
+
+def managed_of(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    return tuple(f.metadata.get("managed", ()))
+
+
+def settings_of(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
+    """Every setting of ``cls`` a user may set, sections flattened: (dotted name, field, type hint)."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = section_of(f)
+        if sub is None:
+            yield prefix + f.name, f, hints[f.name]
+            continue
+        managed = set(managed_of(f))
+        yield from ((n, g, h) for n, g, h in settings_of(sub, f"{prefix}{f.name}.")
+                    if n.removeprefix(f"{prefix}{f.name}.") not in managed)
 
 
 class Validated:
@@ -89,7 +129,13 @@ def write_secret(path: Path, text: str) -> Path:
 
 
 def env_name(field_name: str) -> str:
-    return ENV_PREFIX + field_name.upper()
+    """``RAGR1_<FIELD>``; a section's setting ``ppo.actor_lr`` is ``RAGR1_PPO__ACTOR_LR``."""
+    return ENV_PREFIX + field_name.upper().replace(".", "__")
+
+
+def flag_name(field_name: str) -> str:
+    """``--<field>`` with dashes for underscores; a section's setting ``ppo.actor_lr`` is ``--ppo.actor-lr``."""
+    return "--" + field_name.replace("_", "-")
 
 
 def base_type(tp: Any) -> Any:
@@ -146,54 +192,103 @@ def read_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _check_keys(cls: type, data: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    """Refuses a key of a file that is no setting of ``cls`` (sections checked against their own class)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(prefix + k for k in set(data) - set(fields))
+    if unknown:
+        known = sorted(prefix + k for k in fields)
+        close = {u: m[0] for u in unknown if (m := difflib.get_close_matches(u, known, n=1))}
+        hint = "".join(f"; {u}: did you mean {m}?" for u, m in close.items())
+        raise ValueError(f"{where}: unknown settings {unknown}{hint}; known: {known}")
+    for key, value in data.items():
+        sub = section_of(fields[key])
+        if sub is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: {prefix}{key} is a section: a mapping of {sub.__name__}'s settings")
+        _check_keys(sub, value, where, f"{prefix}{key}.")
+
+
+def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, section by section."""
+    out = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = _merge(out[key], value) if both else value
+    return out
+
+
+def _build(
+    cls: type[T], data: Mapping[str, Any], env: Mapping[str, str], overrides: Mapping[str, Any], prefix: str = "",
+    managed: Sequence[str] = (),
+) -> T:
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = prefix + f.name
+        sub = section_of(f)
+        if sub is not None:
+            values[f.name] = _build(sub, data.get(f.name) or {}, env, overrides, name + ".", managed_of(f))
+            continue
+        given = []
+        if f.name in data:
+            given.append(f"a config file's {name}")
+            values[f.name] = _convert(name, hints[f.name], data[f.name])
+        if env_name(name) in env:
+            given.append(env_name(name))
+            values[f.name] = _convert(name, hints[f.name], env[env_name(name)])
+        if overrides.get(name) is not None:
+            given.append(flag_name(name))
+            values[f.name] = _convert(name, hints[f.name], overrides[name])
+        if given and f.name in managed:
+            raise ValueError(f"{name} is not a setting of this command: it sets it itself ({', '.join(given)})")
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        if prefix:  # which section the refused setting belongs to
+            raise ValueError(f"{prefix[:-1]}: {exc}") from exc
+        raise
+
+
 def load(
     cls: type[T],
     *,
-    file: Path | None = None,
+    file: Path | Sequence[Path] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> T:
-    """Builds ``cls`` from defaults < file < environment < ``overrides`` (flags already parsed)."""
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    values: dict[str, Any] = {}
-    if file is not None:
-        data = read_file(file)
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"config file {file}: unknown settings {unknown}; known: {sorted(names)}")
-        for key, raw in data.items():
-            values[key] = _convert(key, hints[key], raw)
-    env = os.environ if env is None else env
-    for name in names:
-        if env_name(name) in env:
-            values[name] = _convert(name, hints[name], env[env_name(name)])
-    for key, raw in (overrides or {}).items():
+    """Builds ``cls`` from defaults < file(s), later over earlier < environment < ``overrides`` (flags
+    already parsed, keyed by dotted name)."""
+    files = [] if file is None else [file] if isinstance(file, str | Path) else list(file)
+    data: dict[str, Any] = {}
+    for path in files:
+        text = read_file(path)
+        _check_keys(cls, text, f"config file {path}")
+        data = _merge(data, text)
+    names = {name for name, _, _ in settings_of(cls)}
+    for key in overrides or {}:
         if key not in names:
             raise ValueError(f"unknown setting {key!r}; known: {sorted(names)}")
-        if raw is not None:
-            values[key] = _convert(key, hints[key], raw)
-    return cls(**values)
+    return _build(cls, data, os.environ if env is None else env, overrides or {})
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One ``--flag`` per field; absent flags stay ``None`` so that lower layers show through."""
-    hints = _hints(cls)
+    """One ``--flag`` per setting (sections' as ``--<section>.<setting>``); absent flags stay ``None`` so
+    that lower layers show through."""
     parser.add_argument("--config", type=Path, default=None, help="YAML or JSON file of settings")
-    for f in dataclasses.fields(cls):
+    for name, f, hint in settings_of(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        help_text = f"{f.metadata.get('help', '')} [default: {default!r}; env {env_name(f.name)}]"
-        flag = "--" + f.name.replace("_", "-")
-        if base_type(hints[f.name]) is bool:
-            parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
+        help_text = f"{f.metadata.get('help', '')} [default: {default!r}; env {env_name(name)}]"
+        if base_type(hint) is bool:
+            parser.add_argument(flag_name(name), dest=name, default=None, action=argparse.BooleanOptionalAction,
                                 help=help_text)
         else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
+            parser.add_argument(flag_name(name), dest=name, default=None, help=help_text)
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    overrides = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    overrides = {n: getattr(args, n) for n, _, _ in settings_of(cls) if getattr(args, n, None) is not None}
     return load(cls, file=getattr(args, "config", None), overrides=overrides)
 
 
@@ -204,18 +299,23 @@ def flags(cls: type, settings: Mapping[str, Any]) -> list[str]:
     return to_flags(cls(**settings), names=list(settings))
 
 
-def to_flags(config: Any, names: Sequence[str] | None = None) -> list[str]:
+def to_flags(config: Any, names: Sequence[str] | None = None, prefix: str = "") -> list[str]:
     """The flags that reproduce ``config`` (or some of its fields) on another process's command line."""
     out: list[str] = []
     for f in dataclasses.fields(config):
         if names is not None and f.name not in names:
             continue
         value = getattr(config, f.name)
+        if section_of(f) is not None:
+            managed = set(managed_of(f))
+            own = [g.name for g in dataclasses.fields(value) if g.name not in managed]
+            out += to_flags(value, own, prefix=f"{prefix}{f.name}.")
+            continue
         if value is None:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(prefix + f.name)
         if isinstance(value, bool):
-            out.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            out.append(flag if value else "--no-" + flag.removeprefix("--"))
         elif isinstance(value, list):
             out += [flag, ",".join(str(v) for v in value)]
         else:
