@@ -147,8 +147,8 @@ def test_demo_and_up_refuse_bad_input_before_starting_anything(tmp_path: Path) -
     one_line_error(ragr1("demo", "--sft-checkpoint", str(empty), "--run-dir", str(run), cwd=tmp_path),
                    "ragr1 demo", f"sft_checkpoint {empty}: no config.json")
     one_line_error(ragr1("demo", "--preset", "tiny", "--run-dir", str(run), cwd=tmp_path), "ragr1 demo", "tiny")
-    one_line_error(ragr1("up", "--shards", "0", "--run-dir", str(run), cwd=tmp_path), "ragr1 up",
-                   "shards must be at least 1")
+    one_line_error(ragr1("up", "--num-shards", "0", "--run-dir", str(run), cwd=tmp_path), "ragr1 up",
+                   "num_shards must be at least 1")
     assert not run.exists()
 
 
@@ -165,17 +165,17 @@ def test_an_unknown_flag_is_one_line_not_the_usage(tmp_path: Path) -> None:
 
 
 def test_a_flag_is_never_taken_for_another_it_begins(tmp_path: Path) -> None:
-    """``--shard`` is not ``--shards``: a misspelt flag is refused instead of setting a neighbour."""
-    result = ragr1("up", "--shard", "0", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    """``--num-shard`` is not ``--num-shards``: a misspelt flag is refused instead of setting a neighbour."""
+    result = ragr1("up", "--num-shard", "0", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     (line,) = result.stderr.splitlines()
-    assert "unrecognized arguments: --shard 0" in line
+    assert "unrecognized arguments: --num-shard 0" in line
     assert result.returncode == 2
 
 
 def test_ragr1_traceback_lets_the_exception_through(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRACEBACK_ENV, "1")
-    with pytest.raises(ValueError, match="shards must be at least 1, got 0"):
-        main(["up", "--shards", "0"])
+    with pytest.raises(ValueError, match="num_shards must be at least 1, got 0"):
+        main(["up", "--num-shards", "0"])
 
 
 def test_the_command_line_parses_without_importing_torch_or_vllm(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.services.trainer.config import InformationSettings
+from ragr1.services.common.config import InformationSettings
 from ragr1.services.trainer.data import load_qa_tasks
 from ragr1.shipped import move_into_place, read_jsonl, train_path
 from ragr1.stack.evaluate import load_questions

@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
-from ragr1.services.policy.agent import LoopConfig
-from ragr1.services.trainer.config import InformationSettings
+from ragr1.services.common.config import InformationSettings, Validated, check_at_least, check_choice, same_as, setting
+from ragr1.services.policy.config import PolicyConfig
+from ragr1.services.retriever.config import BuildConfig
 from ragr1.shipped import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.stack.evaluate import parse_modes
 from ragr1.stack.supervisor import RestartPolicy
 
-_LOOP = LoopConfig()
 # The reward service's settings for each ``--reward`` of the stack; em is the service's own default (RAG-R1's).
 REWARD_WEIGHTS: dict[str, dict[str, float]] = {"em": {}, "f1": {"em_weight": 0.0, "f1_weight": 1.0}}
 
@@ -22,17 +21,20 @@ REWARD_WEIGHTS: dict[str, dict[str, float]] = {"em": {}, "f1": {"em_weight": 0.0
 class StackConfig(Validated):
     run_dir: str = setting("", "where logs, endpoints.json, checkpoints and reports go; empty: runs/<time>")
     base_port: int = setting(0, "0: the default ports of ports.py; else every port counted from this one")
-    shards: int = setting(2, "retriever shard processes")
-    index_type: str = setting("flat", "flat (exact inner product), ivfpq or hnsw")
-    max_passage_tokens: int = setting(128, "encoder tokens kept per passage when indexing")
-    model: str = setting("", "policy checkpoint to serve; empty: SmolLM2-135M-Instruct from its package")
-    max_turns: int = setting(_LOOP.max_turns, "policy: generation turns before the forced answer turn (RAG-R1: 4)")
-    max_tokens_per_turn: int = setting(256, "policy: new tokens per generation turn")
-    tokens_per_query: int = setting(_LOOP.tokens_per_query, "policy: document tokens per query in <information>")
-    max_model_len: int = setting(_LOOP.max_model_len, "policy: context length (prompt + response)")
+    # Two, so that every search fans out; an index build's own default is one shard file.
+    num_shards: int = setting(2, "retriever shard processes (and shard files of the stack's index)")
+    index_type: str = same_as(BuildConfig, "index_type")
+    # Shorter than the encoder's preset (what `ragr1 index build` keeps): the stack indexes in minutes.
+    max_passage_tokens: int = setting(128, "encoder tokens kept per passage when the stack builds its index")
+    # The policy's settings, under its names (the stack passes them on).
+    model: str = same_as(PolicyConfig, "model")
+    max_turns: int = same_as(PolicyConfig, "max_turns")
+    max_tokens_per_turn: int = same_as(PolicyConfig, "max_tokens_per_turn")
+    tokens_per_query: int = same_as(PolicyConfig, "tokens_per_query")
+    max_model_len: int = same_as(PolicyConfig, "max_model_len")
     reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's) or f1 "
                           "(token F1: partial credit, a denser signal for small models)")
-    kv_cache_gib: int = setting(2, "policy: GiB of RAM for vLLM's KV cache")
+    kv_cache_gib: int = same_as(PolicyConfig, "kv_cache_gib")
     trainer_threads: int = setting(
         0, "PPO trainer: torch threads; 0: half the cores (the policy's vLLM engine computes on the others)"
     )
@@ -41,7 +43,7 @@ class StackConfig(Validated):
     def validate(self) -> None:
         super().validate()
         check_choice("reward", self.reward, tuple(REWARD_WEIGHTS))
-        check_at_least(self, (("base_port", 0), ("shards", 1), ("trainer_threads", 0), ("max_turns", 0)))
+        check_at_least(self, (("base_port", 0), ("num_shards", 1), ("trainer_threads", 0), ("max_turns", 0)))
 
 
 @dataclasses.dataclass
@@ -115,9 +117,8 @@ class PrepareConfig(InformationSettings):
     )
     out: str = setting("runs/data", "output folder")
     limit: int | None = setting(None, "first N questions of each file")
-    model: str = setting(
-        "", "the policy's --model, whose tokenizer cuts the information blocks; empty: SmolLM2-135M-Instruct"
-    )
+    # The policy's: its tokenizer cuts the information blocks.
+    model: str = same_as(PolicyConfig, "model")
 
     def validate(self) -> None:
         super().validate()

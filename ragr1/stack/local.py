@@ -38,7 +38,7 @@ def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[Service
                 plan.policy_spec(config, ports, model), *extra]
 
     Supervisor(directory, [*specs(directory), *reserved], ports.redis).check_ports()
-    index_dir = ensure_index(index_passages, config.shards, config.index_type, config.max_passage_tokens,
+    index_dir = ensure_index(index_passages, config.num_shards, config.index_type, config.max_passage_tokens,
                              ids=index_ids)
     supervisor = Supervisor(directory, specs(index_dir), ports.redis, auth=auth)
     print(f"starting {len(supervisor.specs)} services and Redis; logs in {supervisor.log_dir}", flush=True)

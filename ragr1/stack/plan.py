@@ -41,10 +41,10 @@ class Ports:
             b = config.base_port
             # Metrics ports are gRPC + METRICS_OFFSET, so a block of ports stays clear of them.
             return cls(redis=b, http=b + 1, router=b + 2, reward=b + 3, policy=b + 4, trainer=b + 5,
-                       shards=tuple(b + 10 + i for i in range(config.shards)))
+                       shards=tuple(b + 10 + i for i in range(config.num_shards)))
         return cls(redis=ports.REDIS, router=ports.RETRIEVER, http=ports.RETRIEVER_HTTP, reward=ports.REWARD,
                    policy=ports.POLICY, trainer=ports.TRAINER,
-                   shards=tuple(ports.RETRIEVER_SHARD + i for i in range(config.shards)))
+                   shards=tuple(ports.RETRIEVER_SHARD + i for i in range(config.num_shards)))
 
     def redis_url(self) -> str:
         return f"redis://{HOST}:{self.redis}/0"

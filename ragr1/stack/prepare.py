@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ragr1.services.trainer.config import InformationSettings
+from ragr1.services.common.config import InformationSettings
 from ragr1.shipped import read_jsonl, record_source, train_source
 from ragr1.stack.questions import write_jsonl
 

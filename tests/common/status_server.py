@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from typing import Any
 
 from ragr1.services.common import config, errors
 from ragr1.services.common.server import GrpcServer, ServerConfig
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
+
+
+@dataclasses.dataclass
+class StatusConfig(ServerConfig):
+    port: int = config.setting(0, "gRPC port; 0 picks a free one")
 
 
 class SlowStatus(trainer_pb2_grpc.TrainerServicer):
@@ -33,8 +39,8 @@ def build(cfg: ServerConfig) -> GrpcServer:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    config.add_arguments(parser, ServerConfig)
-    cfg = config.from_args(ServerConfig, parser.parse_args())
+    config.add_arguments(parser, StatusConfig)
+    cfg = config.from_args(StatusConfig, parser.parse_args())
     asyncio.run(build(cfg).serve())
 
 

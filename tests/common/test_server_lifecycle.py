@@ -12,14 +12,15 @@ import pytest
 
 from ragr1.errors import ServiceCallError
 from ragr1.services.common.client import HealthClient
-from ragr1.services.common.server import GrpcServer, ServerConfig
+from ragr1.services.common.server import GrpcServer
+from ragr1.services.reward.config import RewardConfig
 from ragr1.services.trainer.loop import TrainerStatus
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.v1 import trainer_pb2_grpc
 
 
 def server() -> GrpcServer:
-    s = GrpcServer(ServerConfig(port=0, metrics_port=0, grace_seconds=1), "lifecycle-test")
+    s = GrpcServer(RewardConfig(port=0, metrics_port=0, grace_seconds=1), "lifecycle-test")
     s.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(TrainerStatus()))
     return s
 

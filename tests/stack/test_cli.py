@@ -50,10 +50,10 @@ def test_data_prepare_passes_every_setting_on(tmp_path: Path, monkeypatch: pytes
 
 def test_up_and_demo_read_the_same_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     up, demo = capture(monkeypatch, "_up"), capture(monkeypatch, "_demo")
-    (tmp_path / "stack.yaml").write_text("shards: 3\n")
+    (tmp_path / "stack.yaml").write_text("num_shards: 3\n")
     monkeypatch.setenv("RAGR1_MAX_TURNS", "3")
     assert main(["up", "--config", str(tmp_path / "stack.yaml"), "--no-trainer"]) == 0
-    assert (up[0].shards, up[0].max_turns, up[0].trainer) == (3, 3, False)
+    assert (up[0].num_shards, up[0].max_turns, up[0].trainer) == (3, 3, False)
     # --preset is the file layer of the demo: the quick preset's sizes, the environment's, then flags.
     assert main(["demo", "--preset", "quick", "--eval-questions", "1"]) == 0
     assert (demo[0].quick_index, demo[0].max_turns, demo[0].eval_questions) == (True, 3, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ragr1.cli import build_parser
-from ragr1.services.common.config import from_args
+from ragr1.services.common.config import from_args, home_of
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.reward.config import RewardConfig
@@ -16,7 +16,7 @@ from ragr1.stack.demo import Demo, demo_config
 
 
 def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> None:
-    config = StackConfig(base_port=40000, shards=3, reward="f1", max_turns=3, kv_cache_gib=1, trainer_threads=1)
+    config = StackConfig(base_port=40000, num_shards=3, reward="f1", max_turns=3, kv_cache_gib=1, trainer_threads=1)
     p = plan.Ports.of(config)
     parser = build_parser()
     *shards, router = plan.retrieval_specs(config, p, tmp_path / "index")
@@ -77,3 +77,22 @@ def test_the_demo_trains_with_the_trainer_s_default_learning_rates(tmp_path: Pat
         ppo = from_args(PPOConfig, build_parser().parse_args(args))
         assert (ppo.actor_learning_rate, ppo.critic_learning_rate) == (
             PPOConfig().actor_learning_rate, PPOConfig().critic_learning_rate)
+
+
+def test_what_the_stack_passes_on_under_a_setting_s_name_is_that_setting(tmp_path: Path) -> None:
+    """``ragr1 up --max-turns`` is the policy's ``max_turns``, its default and help included: one home."""
+    config = StackConfig()
+    p = plan.Ports.of(config)
+    passed = {
+        PolicyConfig: plan.policy_spec(config, p, tmp_path / "model").args,
+        PPOConfig: plan.trainer_spec(config, p, tmp_path / "model", tmp_path / "out").args,
+        RewardConfig: plan.reward_spec(config, p).args,
+    }
+    shared = set()
+    for cls, args in passed.items():
+        for arg, value in zip(args, [*args[1:], ""], strict=True):
+            name = arg.removeprefix("--").replace("-", "_")
+            if arg.startswith("--") and str(getattr(config, name, None)) == value and hasattr(cls(), name):
+                assert home_of(StackConfig, name) is home_of(cls, name), (cls.__name__, name)
+                shared.add(name)
+    assert {"max_turns", "tokens_per_query", "kv_cache_gib"} <= shared

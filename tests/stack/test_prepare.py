@@ -10,8 +10,8 @@ import pytest
 
 from ragr1.agent.information import InformationFormat
 from ragr1.cli import main
+from ragr1.services.common.config import InformationSettings
 from ragr1.services.trainer import data
-from ragr1.services.trainer.config import InformationSettings
 from ragr1.shipped import train_path
 from ragr1.stack.prepare import prepare
 

@@ -14,8 +14,9 @@ import grpc
 import redis
 
 from ragr1.services.common.redis_server import free_port
-from ragr1.services.common.server import GrpcServer, ServerConfig
+from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.client import TrainerClient
+from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.loop import PPOLoop, TrainerStatus
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
@@ -95,7 +96,7 @@ def test_status_reports_the_loop_state_over_grpc() -> None:
             return client.status(timeout=5)
 
     async def scenario() -> trainer_pb2.StatusResponse:
-        server = GrpcServer(ServerConfig(port=0, metrics_port=0), "trainer")
+        server = GrpcServer(PPOConfig(port=0, metrics_port=0), "trainer")
         server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(status))
         await server.start()
         try:

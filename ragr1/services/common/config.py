@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import inspect
 import json
 import os
 import types
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 
 ENV_PREFIX = "RAGR1_"
 
@@ -53,6 +56,27 @@ def section(cls: type, help: str, *, managed: Sequence[str] = ()) -> Any:
     if unknown:
         raise TypeError(f"{cls.__name__} has no fields {unknown}")
     return dataclasses.field(default_factory=cls, metadata={"help": help, "section": cls, "managed": tuple(managed)})
+
+
+def same_as(cls: type, name: str) -> Any:
+    """The setting ``name`` of ``cls``, its default and help, for a command that passes it on to ``cls``'s
+    command under the same name (``ragr1 up --max-turns`` is the policy's ``max_turns``)."""
+    home = home_of(cls, name)
+    (f,) = [f for f in dataclasses.fields(home) if f.name == name]
+    metadata = {**f.metadata, "home": home}
+    if f.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=metadata)
+    return dataclasses.field(default=f.default, metadata=metadata)
+
+
+def home_of(cls: type, name: str) -> type:
+    """The class whose field definition gives ``cls``'s setting ``name`` its default and help."""
+    for klass in cls.__mro__:
+        if name in inspect.get_annotations(klass):
+            (f,) = [f for f in dataclasses.fields(klass) if f.name == name]
+            home: type = f.metadata.get("home", klass)
+            return home
+    raise TypeError(f"{cls.__name__} has no setting {name!r}")
 
 
 def section_of(f: dataclasses.Field[Any]) -> type | None:
@@ -104,6 +128,23 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 
 
 @dataclasses.dataclass
+class InformationSettings(Validated):
+    """The <information> block RAG-R1 inserts after a search: the policy's loop builds it, and SFT
+    trajectories (``ragr1 train sft``, ``ragr1 data prepare``) must show the same one, so SFT teaches what
+    RL sees."""
+
+    top_k: int = setting(TOP_K, "passages per query in the <information> block (SFT's and the policy's agree)")
+    tokens_per_query: int = setting(
+        TOKENS_PER_QUERY,
+        "tokens of documents per query in the <information> block (RAG-R1: 1000; SFT's and the policy's agree)",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("top_k", 1), ("tokens_per_query", 1)))
+
+
+@dataclasses.dataclass
 class ServerTLS(Validated):
     """A server's TLS settings, the same for every gRPC server and ``ragr1 redis``."""
 
@@ -118,6 +159,13 @@ class ServerTLS(Validated):
                 raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file too")
         elif not (self.tls_cert_file and self.tls_key_file):
             raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+
+
+@dataclasses.dataclass
+class Listening(ServerTLS):
+    """Where a server listens, the same for every gRPC server and ``ragr1 redis``."""
+
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 in containers)")
 
 
 def write_secret(path: Path, text: str) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from ragr1.services.common import lifeline, ports
-from ragr1.services.common.config import ServerTLS, setting, write_secret
+from ragr1.services.common.config import Listening, setting, write_secret
 from ragr1.services.common.wire import read_secret
 
 
@@ -61,11 +61,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @dataclasses.dataclass
-class RedisConfig(ServerTLS):
+class RedisConfig(Listening):
     """``ragr1 redis``. With TLS on it takes TLS connections only (``rediss://``)."""
 
     port: int = setting(ports.REDIS, "port; 0 picks a free one")
-    host: str = setting("127.0.0.1", "address to listen on")
     # Not data_dir: RAGR1_DATA_DIR already says where the shipped data is (ragr1/shipped.py).
     aof_dir: str = setting("", "keep the append-only file here; empty: a temporary directory, removed on stop")
     password_file: str = setting("", "file holding the password clients must give (AUTH on if set)")

@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragr1.services.common import errors, ports
-from ragr1.services.common.config import ServerTLS, setting
+from ragr1.services.common.config import Listening, setting
 from ragr1.services.common.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS, SERVING, serve_metrics
 from ragr1.services.common.wire import DEFAULT_MAX_MESSAGE_BYTES, read_secret, service_name
 
@@ -52,11 +52,13 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 
 @dataclasses.dataclass
-class ServerConfig(ServerTLS):
+class ServerConfig(Listening):
     """Settings every gRPC server has. Services subclass this and add their own."""
 
-    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 in containers)")
-    port: int = setting(0, "gRPC port; 0 picks a free one")
+    if TYPE_CHECKING:
+        # Each service's own setting, its default from ports.py: declared here for the server that reads it.
+        @property
+        def port(self) -> int: ...
     metrics_port: int = setting(
         -1, f"Prometheus /metrics port; -1 means the gRPC port + {ports.METRICS_OFFSET}, 0 a free port"
     )

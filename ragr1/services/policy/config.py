@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ragr1.agent.prompts import Mode
 from ragr1.services.common import ports
-from ragr1.services.common.config import check_at_least, check_choice, setting
+from ragr1.services.common.config import InformationSettings, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, Sampling
@@ -22,7 +22,7 @@ _LIMITS = Limits()
 
 
 @dataclasses.dataclass
-class PolicyConfig(ServerConfig, QueueConfig):
+class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
     port: int = setting(ports.POLICY, "gRPC port; 0 picks a free one")
     # Engine.
     model: str = setting("", "checkpoint directory to serve; empty: SmolLM2-135M-Instruct from its package")
@@ -48,10 +48,6 @@ class PolicyConfig(ServerConfig, QueueConfig):
     query_separator: str = setting(_LOOP.query_separator, "separator of queries inside <search>")
     max_queries_per_search: int = setting(_LOOP.max_queries_per_search, "query cap per <search> (multi mode)")
     max_turns: int = setting(_LOOP.max_turns, "generation turns before the final answer turn")
-    top_k: int = setting(_LOOP.top_k, "passages per query")
-    tokens_per_query: int = setting(
-        _LOOP.tokens_per_query, "tokens of documents per query in an <information> block (RAG-R1: 1000)"
-    )
     max_query_chars: int = setting(_LOOP.max_query_chars, "queries are cut to this many characters")
     retrieval_timeout_seconds: float = setting(_LOOP.retrieval_timeout_seconds, "deadline of one search call")
     dedup_within_group: bool = setting(True, "no passage twice among one trajectory's queries")
@@ -127,8 +123,8 @@ class PolicyConfig(ServerConfig, QueueConfig):
         super().validate()
         self.in_flight_policy()
         check_at_least(self, (
-            ("max_turns", 0), ("top_k", 1), ("max_queries_per_search", 1), ("max_batch", 1),
-            ("max_tokens_per_turn", 1), ("tokens_per_query", 1), ("worker_batch", 1),
+            ("max_turns", 0), ("max_queries_per_search", 1), ("max_batch", 1),
+            ("max_tokens_per_turn", 1), ("worker_batch", 1),
         ))
         Mode.parse(self.mode)
         needed = self.loop_config().context_needed(self.max_tokens_per_turn)

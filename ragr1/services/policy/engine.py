@@ -35,7 +35,7 @@ class EngineSettings:
     # Fraction of device memory for weights and KV cache (on the CPU, of RAM; see kv_cache_gib).
     gpu_memory_utilization: float = 0.9
     # CPU only: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE); 0 keeps vLLM's default.
-    kv_cache_gib: int = 1
+    kv_cache_gib: int = 2
     # CPU only: cores vLLM keeps for itself (VLLM_CPU_NUM_OF_RESERVED_CPU); -1 keeps vLLM's default.
     reserved_cpus: int = -1
     # "processed_logprobs": log-probabilities under the distribution actually sampled from

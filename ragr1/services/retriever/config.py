@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, same_as, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.retriever import plan
 from ragr1.services.retriever.build import DEFAULT_CHUNK_SIZE
@@ -122,14 +122,15 @@ class PlanConfig(Validated):
     encoder: str = setting("BAAI/bge-large-en-v1.5", f"model, which gives the dimension: {', '.join(plan.MODELS)}")
     index_type: list[str] = setting(lambda: list(INDEX_TYPES), "index types, comma-separated", factory=True)
     shard_counts: list[int] = setting(lambda: [1, 4, 8], "shard counts to size, comma-separated", factory=True)
-    pq_m: int = setting(_SPEC.pq_m, "ivfpq: bytes per vector")
-    nlist: int = setting(65536, "ivfpq: inverted lists")
-    hnsw_m: int = setting(_SPEC.hnsw_m, "hnsw: neighbours per node")
+    pq_m: int = same_as(BuildConfig, "pq_m")
+    # Wikipedia's size (the default passages) wants more lists than a build's default.
+    nlist: int = setting(65536, "ivfpq: inverted lists of the sized index")
+    hnsw_m: int = same_as(BuildConfig, "hnsw_m")
     encode_rate: float = setting(0.0, "passages/s (e.g. of your GPUs); 0 measures a rate here")
     measure_backend: str = setting(DEFAULT_BACKEND, f"encoder backend measured here: {', '.join(BACKENDS)}")
     store: str = setting("", "passage store to measure recall on; empty: recall is not measured")
     queries: int = setting(500, "questions to measure recall with")
-    max_passage_tokens: int = setting(0, "passage length when embedding --store; 0 keeps the preset's")
+    max_passage_tokens: int = same_as(BuildConfig, "max_passage_tokens")
     k: int = setting(10, "top-k compared")
     recall_pq_m: int = setting(
         48, f"ivfpq bytes per vector when measuring recall (must divide {DEFAULT_ENCODER}'s dimension)"
@@ -193,7 +194,8 @@ class ShardConfig(ServerConfig):
 @dataclasses.dataclass
 class RouterConfig(ServerConfig):
     port: int = setting(ports.RETRIEVER, "gRPC port")
-    index: str = setting("", "index directory or its manifest.json: gives the encoder and index facts")
+    # The router reads the manifest: the encoder, the shards' facts.
+    index: str = same_as(ShardConfig, "index")
     shards: list[str] = setting(list, "shard addresses host:port, in shard order (comma-separated)", factory=True)
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")

@@ -5,15 +5,16 @@ entropy 0.001, γ = λ = 1); the policy's loop settings (max 4 turns, top-k 3) l
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal, get_args
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
+from ragr1.services.common.config import InformationSettings, Validated, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 
 # The KL estimators ppo.kl_penalty implements (this module stays free of torch: the CLI imports it).
-KL_KINDS = ("k1", "k3")
+KLKind = Literal["k1", "k3"]
+KL_KINDS: tuple[str, ...] = get_args(KLKind)
 # Where the networks train; model.training_device resolves "auto" and checks that a GPU is there.
 DEVICES = ("auto", "cpu", "cuda")
 SHARDINGS = ("fsdp", "replicate")
@@ -22,7 +23,6 @@ SHARDINGS = ("fsdp", "replicate")
 @dataclasses.dataclass
 class ModelSettings(Validated):
     model: str = setting("", "starting checkpoint (Hugging Face dir); empty: SmolLM2-135M-Instruct from its package")
-    lora_rank: int = setting(0, "LoRA rank; 0 trains every weight")
     lora_alpha: int = setting(32, "LoRA alpha (scale = alpha / rank)")
     bf16: bool | None = setting(
         None,
@@ -38,9 +38,6 @@ class ModelSettings(Validated):
     device: str = setting(
         "auto", "where the networks train: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda"
     )
-    gradient_checkpointing: bool = setting(
-        False, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute)"
-    )
     output_dir: str = setting("runs/trainer", "checkpoints (v000001, …), steps.jsonl and curves.png go here")
     keep_checkpoints: int = setting(3, "how many recent checkpoint versions to keep on disk")
 
@@ -51,22 +48,11 @@ class ModelSettings(Validated):
 
 
 @dataclasses.dataclass
-class InformationSettings(Validated):
-    """The <information> blocks of SFT trajectories (``ragr1 train sft``, ``ragr1 data prepare``): both
-    must equal the policy's --top-k and --tokens-per-query, so that SFT shows the blocks the loop shows."""
-
-    top_k: int = setting(TOP_K, "passages per query in the <information> block (the policy's --top-k)")
-    tokens_per_query: int = setting(
-        TOKENS_PER_QUERY, "tokens of documents per query in the <information> block (the policy's value)"
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        check_at_least(self, (("top_k", 1), ("tokens_per_query", 1)))
-
-
-@dataclasses.dataclass
 class SFTConfig(InformationSettings, ModelSettings):
+    lora_rank: int = setting(0, "LoRA rank; 0 trains every weight (RAG-R1's SFT)")
+    gradient_checkpointing: bool = setting(
+        False, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute)"
+    )
     # setting(..., factory=True) builds a default_factory field, which is what RUF009 asks for.
     train_files: list[str] = setting(
         lambda: ["hotpotqa"], "training sets (shipped names or JSONL paths) with supporting paragraphs", factory=True
@@ -126,7 +112,8 @@ class PPOSettings(ModelSettings):
     )
     # A rollout's update is long sequences at small batch: checkpointing is what fits (bench/trainer_memory.py).
     gradient_checkpointing: bool = setting(
-        True, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute)"
+        True, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute; on for "
+        "PPO's long rollouts)"
     )
     kl_coef: float = setting(0.001, "KL-to-reference coefficient; 0 skips the reference pass")
     kl_penalty: str = setting(

@@ -19,11 +19,11 @@ token rewards (``token_rewards``), so it flows through GAE; optionally a loss te
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 
-KLKind = Literal["k1", "k3"]  # config.KL_KINDS
+from ragr1.services.trainer.config import KLKind
+
 # verl clamps its low-variance (k3) estimate here: exp(ref - logp) explodes when the policy has moved far.
 K3_CLAMP = 10.0
 
