@@ -46,7 +46,7 @@ def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, {"trainer": {"ray": {"enabled": True}}},
-                                    {"redis": {"enabled": False, "externalUrl": "redis://redis.example:6379/0"},
+                                    {"redis": {"enabled": False, "url": "redis://redis.example:6379/0"},
                                      "auth": {"enabled": False}, "networkPolicy": {"enabled": False}}],
                          ids=["defaults", "tls-servicemonitor-models", "ray", "external-redis-no-auth"])
 def test_every_manifest_is_valid_kubernetes(chart: helm_python.Chart, values: dict[str, Any]) -> None:
@@ -106,7 +106,7 @@ def test_servers_listen_probe_and_expose_metrics_on_the_same_ports(chart: helm_p
 
 def test_shard_count_sets_replicas_router_fan_out_and_the_index_build(chart: helm_python.Chart) -> None:
     corpus = ["/models/part 1.jsonl.gz", "/models/part-2.jsonl.gz"]
-    objects = render(chart, {"retriever": {"shards": 5}, "index": {"type": "ivfpq", "corpusFiles": corpus}})
+    objects = render(chart, {"retriever": {"shards": 5}, "index": {"type": "ivfpq", "corpus": {"input": corpus}}})
     shards = objects[("StatefulSet", "ragr1-retriever-shard")]
     assert shards["spec"]["replicas"] == 5
     router = container(objects, "Deployment", "retriever")
@@ -150,7 +150,7 @@ def test_index_job_builds_once_per_settings(chart: helm_python.Chart, tmp_path: 
     assert (again, calls) == (first, [])  # same settings: same Job, nothing to do
     resharded, calls = run_job({"retriever": {"shards": 4}})
     assert resharded != first and calls == ["index build"]  # a new Job; the passage store is reused
-    _, calls = run_job({"retriever": {"shards": 4}, "index": {"corpusFiles": ["/models/wiki.jsonl.gz"]}})
+    _, calls = run_job({"retriever": {"shards": 4}, "index": {"corpus": {"input": ["/models/wiki.jsonl.gz"]}}})
     assert calls == ["corpus ingest", "index build"]
 
 
@@ -307,10 +307,10 @@ def test_tls_turns_probes_into_the_ragr1_probe_with_the_ca(chart: helm_python.Ch
 
 
 def test_external_redis_replaces_the_in_chart_one(chart: helm_python.Chart) -> None:
-    objects = render(chart, {"redis": {"enabled": False, "externalUrl": "redis://redis.example:6379/0"}})
+    objects = render(chart, {"redis": {"enabled": False, "url": "redis://redis.example:6379/0"}})
     assert ("StatefulSet", "ragr1-redis") not in objects
     assert env(container(objects, "Deployment", "trainer"))["RAGR1_REDIS_URL"] == "redis://redis.example:6379/0"
-    with pytest.raises(helm_python.HelmError, match=r"redis\.externalUrl is required"):
+    with pytest.raises(helm_python.HelmError, match=r"redis\.url is required"):
         render(chart, {"redis": {"enabled": False}})
 
 
@@ -375,7 +375,7 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"tls": {"enabled": True, "secretname": "x"}}, "additional properties 'secretname' not allowed"),
         ({"trainer": {"ray": {"worker": 4}}}, "additional properties 'worker' not allowed"),
         ({"policy": {"gpuMemoryUtilization": 1.5}}, "at '/policy/gpuMemoryUtilization': maximum"),
-        ({"redis": {"enabled": False, "externalUrl": "redis.example:6379"}}, "does not match pattern"),
+        ({"redis": {"enabled": False, "url": "redis.example:6379"}}, "does not match pattern"),
         ({"ports": {"policy": "50052"}}, "at '/ports/policy': got string, want integer"),
         ({"replicas": 3}, "additional properties 'replicas' not allowed"),
         ({"image": {"reward": {"repo": "x"}}}, "additional properties 'repo' not allowed"),

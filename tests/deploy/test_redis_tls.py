@@ -78,7 +78,7 @@ def test_without_tls_the_charts_redis_and_its_users_speak_plain_redis(chart: hel
     assert not {"RAGR1_REDIS_CA_FILE", "RAGR1_REDIS_CERT_FILE"} & set(trainer_env)
     # An external rediss:// Redis gets the chart's CA with tls.enabled; a plain external one does not.
     for url, ca in (("rediss://redis.example:6379/0", True), ("redis://redis.example:6379/0", False)):
-        external = render(chart, {"redis": {"enabled": False, "externalUrl": url},
+        external = render(chart, {"redis": {"enabled": False, "url": url},
                                   "tls": {"enabled": True, "secretName": "ragr1-tls"}})
         assert ("RAGR1_REDIS_CA_FILE" in env(container(external, "Deployment", "trainer"))) == ca, url
 

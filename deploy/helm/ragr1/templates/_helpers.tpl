@@ -57,14 +57,14 @@ rediss:// (TLS) when tls.enabled: the in-chart Redis then serves TLS only, with 
 {{- if .Values.redis.enabled -}}
 {{- printf "%s://:$(REDIS_PASSWORD)@%s:6379/0" (ternary "rediss" "redis" .Values.tls.enabled) (include "ragr1.name" (list . "redis")) -}}
 {{- else -}}
-{{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl -}}
+{{- required "redis.url is required when redis.enabled is false" .Values.redis.url -}}
 {{- end -}}
 {{- end -}}
 
 {{/* Redis over TLS: the in-chart Redis with tls.enabled, or an external rediss:// one (whose certificate
 the chart's CA must then have signed). */}}
 {{- define "ragr1.redisTls" -}}
-{{- if and .Values.tls.enabled (or .Values.redis.enabled (hasPrefix "rediss://" .Values.redis.externalUrl)) -}}
+{{- if and .Values.tls.enabled (or .Values.redis.enabled (hasPrefix "rediss://" .Values.redis.url)) -}}
 true
 {{- end -}}
 {{- end -}}
