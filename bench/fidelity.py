@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from ragr1.agent.grammar import INFORMATION_CLOSE, INFORMATION_OPEN, parse_action
-from ragr1.agent.information import InformationFormat
-from ragr1.agent.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode, Tokenizer
-from ragr1.agent.sft import SupportedQuestion, search_call, trajectory
+from ragr1.protocol.grammar import INFORMATION_CLOSE, INFORMATION_OPEN, parse_action
+from ragr1.protocol.information import InformationFormat
+from ragr1.protocol.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode, Tokenizer
+from ragr1.protocol.trajectories import SupportedQuestion, search_call, trajectory
 from ragr1.services.trainer import data
 from ragr1.shipped import TRAIN_SETS, train_path
 
@@ -76,7 +76,7 @@ def sft_searches(tokenizer: Tokenizer) -> None:
 def top_p_gap(prompts: int, max_new_tokens: int) -> None:
     import torch
 
-    from ragr1.models import prepare_policy_model
+    from ragr1.model_paths import prepare_policy_model
     from ragr1.services.trainer.model import PolicyModel
 
     model = PolicyModel(prepare_policy_model(), bf16=False)
@@ -114,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from ragr1.models import prepare_policy_model
+    from ragr1.model_paths import prepare_policy_model
 
     sft_searches(AutoTokenizer.from_pretrained(str(prepare_policy_model())))
     top_p_gap(args.prompts, args.max_new_tokens)

@@ -512,7 +512,7 @@ def retriever_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, 
     import numpy as np
     import torch
 
-    from ragr1.agent.information import TOP_K
+    from ragr1.protocol.information import TOP_K
     from ragr1.services.retriever import index as faiss_index
 
     s = ctx.sizes

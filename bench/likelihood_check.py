@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from bench.trainer_throughput import rollout_samples
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import PolicyModel
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample

@@ -33,10 +33,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ragr1.agent import grammar  # noqa: E402
-from ragr1.agent.information import Passage  # noqa: E402
-from ragr1.agent.prompts import Mode  # noqa: E402
-from ragr1.models import policy_checkpoint  # noqa: E402
+from ragr1.model_paths import policy_checkpoint  # noqa: E402
+from ragr1.protocol import grammar  # noqa: E402
+from ragr1.protocol.information import Passage  # noqa: E402
+from ragr1.protocol.prompts import Mode  # noqa: E402
 from ragr1.services.policy.agent import (  # noqa: E402
     AgentLoop,
     Generation,

@@ -110,7 +110,7 @@ def compare_encoders(store: PassageStore, pool: Sequence[str]) -> list[EncoderFi
         one, three = interleaved([_encode_call(encoder, pool[:1]), _encode_call(encoder, pool[1:4])], 40)
         # Index builds: passages as the demo embeds them (128 tokens), all cores.
         builder = Encoder(dataclasses.replace(settings, max_passage_tokens=128), device="cpu")
-        passages = [p.contents() for p in store.iter_range(0, 64)]
+        passages = [p.contents for p in store.iter_range(0, 64)]
         (build_ms,) = interleaved([lambda: builder.encode_passages(passages)], 2)  # noqa: B023 - used at once
         recall = supporting_recall(titles, hotpot)
         out.append(EncoderFigures(backend, recall, float(overlap), one, three, len(passages) / build_ms * 1000))
@@ -191,7 +191,7 @@ def baseline_server(index_dir: Path, port: int) -> None:
             result = [
                 [
                     {
-                        "document": {"id": store[int(r)].id, "contents": store[int(r)].contents()},
+                        "document": {"id": store[int(r)].id, "contents": store[int(r)].contents},
                         "score": float(s),
                     }
                     for s, r in zip(ss, rr, strict=True)

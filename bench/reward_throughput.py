@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ragr1.models import smollm2_dir  # noqa: E402
+from ragr1.model_paths import smollm2_dir  # noqa: E402
 from ragr1.services.common.process import ServiceProcess  # noqa: E402
 from ragr1.services.common.redis_server import free_port  # noqa: E402
 from ragr1.services.reward.answers import normalize_answer  # noqa: E402

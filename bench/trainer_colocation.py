@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from trainer_throughput import rollout_samples
 
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
 from ragr1.services.policy.agent import GenerationRequest, Sampling
 from ragr1.services.policy.engine import EngineSettings, VllmEngine
 from ragr1.services.trainer.config import PPOSettings

@@ -72,7 +72,7 @@ def peak_gib() -> float:
 def realistic_samples(tokenizer: object, count: int, seed: int = 0) -> list[object]:
     """``count`` rollouts of 1,500-2,000 tokens: generated turns (180-380 tokens) alternating with inserted
     information blocks (3 queries x ~100 tokens), until the length is reached; about half masked."""
-    from ragr1.agent.prompts import Mode
+    from ragr1.protocol.prompts import Mode
     from ragr1.services.trainer import data
     from ragr1.services.trainer.ppo_trainer import Sample
     from ragr1.shipped import train_path
@@ -107,7 +107,7 @@ def realistic_samples(tokenizer: object, count: int, seed: int = 0) -> list[obje
 def child(name: str, rollouts: int) -> None:
     import torch
 
-    from ragr1.models import prepare_policy_model
+    from ragr1.model_paths import prepare_policy_model
     from ragr1.services.trainer.config import PPOConfig
     from ragr1.services.trainer.ppo_trainer import PPOUpdater
 

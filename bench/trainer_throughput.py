@@ -22,9 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat
-from ragr1.agent.prompts import Mode
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
+from ragr1.protocol.information import TOKENS_PER_QUERY, TOP_K, InformationFormat
+from ragr1.protocol.prompts import Mode
 from ragr1.services.common.redis_server import RedisServer
 from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.trainer import data

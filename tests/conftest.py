@@ -45,7 +45,7 @@ def port() -> int:
 @pytest.fixture(scope="session")
 def policy_model_dir() -> Path:
     """SmolLM2-135M-Instruct, converted from the package that ships it (cached after the first time)."""
-    from ragr1.models import prepare_policy_model
+    from ragr1.model_paths import prepare_policy_model
 
     return prepare_policy_model()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ragr1.cli import TRACEBACK_ENV, explain, main
-from ragr1.models import find_model
+from ragr1.model_paths import find_model
 from ragr1.services.common.redis_server import free_port
 from tests.common.status_process import start_server
 

@@ -67,7 +67,7 @@ def _policy_target(config: EvalConfig) -> str:
 
 
 def _eval(config: EvalConfig) -> int:
-    from ragr1.models import find_model
+    from ragr1.model_paths import find_model
     from ragr1.services.policy.client import PolicyClient
     from ragr1.stack import evaluate
 

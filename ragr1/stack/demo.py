@@ -34,7 +34,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ragr1.errors import ServiceCallError
-from ragr1.models import find_model, policy_checkpoint
+from ragr1.model_paths import find_model, policy_checkpoint
 from ragr1.services.common import lifeline
 from ragr1.services.common.config import check_at_least, check_choice, flags, load, section, setting
 from ragr1.services.common.server import ServerConfig
@@ -43,7 +43,7 @@ from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
 from ragr1.services.trainer.steplog import StepLog
-from ragr1.stack import evaluate, plan, report, stats
+from ragr1.stack import evaluate, report, stats, wiring
 from ragr1.stack.config import EvalSettings, StackConfig
 from ragr1.stack.local import run_dir, start_stack
 from ragr1.stack.questions import Split, split_questions, write_jsonl
@@ -148,7 +148,7 @@ class Demo:
     def __init__(self, config: DemoConfig) -> None:
         self.config = config
         self.directory = run_dir(config)
-        self.ports = plan.Ports.of(config)
+        self.ports = wiring.Ports.of(config)
         self.phases: dict[str, float] = {}
         self.stages: list[StageResult] = []
 
@@ -176,7 +176,7 @@ class Demo:
         c = self.config
         self.model = policy_checkpoint(c.model)
         split = self.questions()
-        trainer = plan.trainer_spec(c, self.ports, self.model, self.directory)  # its ports checked up front
+        trainer = wiring.trainer_spec(c, self.ports, self.model, self.directory)  # its ports checked up front
         return start_stack(c, self.directory, reserved=[trainer], model=self.model,
                            index_ids=split.passage_ids() if c.quick_index else None)
 
@@ -251,7 +251,7 @@ class Demo:
     def rl_spec(self, start_checkpoint: Path, start_version: int) -> ServiceSpec:
         """The PPO trainer of the RL stage: the ``ppo`` section on the RL questions, ``ppo.max_updates`` updates."""
         c = self.config
-        return plan.trainer_spec(c, self.ports, start_checkpoint, self.directory / "rl", {
+        return wiring.trainer_spec(c, self.ports, start_checkpoint, self.directory / "rl", {
             **chosen(c.ppo, PPO_SET_BY_DEMO), "prompts_file": str(self.rl_file), "start_version": start_version,
         })
 
@@ -291,7 +291,7 @@ class Demo:
         started = time.perf_counter()
         with self._phase("setup"):
             supervisor = self.start()
-        policy_target = f"{plan.HOST}:{self.ports.policy}"
+        policy_target = f"{wiring.HOST}:{self.ports.policy}"
         with supervisor, PolicyClient(policy_target) as policy:
             if self.config.sft_checkpoint:
                 sft_checkpoint = find_model(self.config.sft_checkpoint, "sft_checkpoint")

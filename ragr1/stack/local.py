@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragr1.models import policy_checkpoint
+from ragr1.model_paths import policy_checkpoint
 from ragr1.shipped import ROOT
-from ragr1.stack import plan
+from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig, UpConfig
-from ragr1.stack.index import ensure_index
+from ragr1.stack.index_cache import ensure_index
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
 
 
@@ -29,13 +29,13 @@ def start_stack(config: StackConfig, directory: Path, *, extra: Sequence[Service
     (the first ``index_passages`` of the shipped corpus, 0 for all, or the passages ``index_ids``), then
     starts the services (``extra`` after the core ones) and waits for their health. ``auth``: see
     ``Supervisor``."""
-    ports = plan.Ports.of(config)
+    ports = wiring.Ports.of(config)
     model = model or policy_checkpoint(config.model)
 
     # Specs first with a placeholder index path, so that ports are checked before minutes of indexing.
     def specs(index_dir: Path) -> list[ServiceSpec]:
-        return [*plan.retrieval_specs(config, ports, index_dir), plan.reward_spec(config, ports),
-                plan.policy_spec(config, ports, model), *extra]
+        return [*wiring.retrieval_specs(config, ports, index_dir), wiring.reward_spec(config, ports),
+                wiring.policy_spec(config, ports, model), *extra]
 
     Supervisor(directory, [*specs(directory), *reserved], ports.redis).check_ports()
     index_dir = ensure_index(index_passages, config.num_shards, config.index_type, config.max_passage_tokens,
@@ -76,11 +76,11 @@ def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_sec
 
 def up(config: UpConfig) -> int:
     directory = run_dir(config)
-    ports = plan.Ports.of(config)
+    ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
     trainers = []
     if config.trainer:
-        trainers.append(plan.trainer_spec(config, ports, model, directory / "checkpoints", {"max_updates": 0}))
+        trainers.append(wiring.trainer_spec(config, ports, model, directory / "checkpoints", {"max_updates": 0}))
     supervisor = start_stack(config, directory, extra=trainers, model=model, index_passages=config.index_passages,
                              auth=config.auth)
     try:

@@ -34,8 +34,8 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
     """The information blocks of the trajectories are cut per query with the tokenizer of ``model`` (the
     policy's ``--model``), as the policy cuts them. Every input is read before transformers is imported
     (seconds), so that a bad file or model folder is refused at once."""
-    from ragr1.agent.information import InformationFormat
-    from ragr1.models import policy_checkpoint
+    from ragr1.model_paths import policy_checkpoint
+    from ragr1.protocol.information import InformationFormat
     from ragr1.services.trainer import data
 
     paths = [train_source(s) for s in sources]  # every file is found before anything is written

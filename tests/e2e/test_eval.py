@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
+from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.provenance import code_commit
 from ragr1.services.common.redis_server import free_port

@@ -49,16 +49,16 @@ import grpc
 import redis
 
 from ragr1.errors import ServiceCallError
-from ragr1.models import policy_checkpoint
+from ragr1.model_paths import policy_checkpoint
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.shipped import ROOT
-from ragr1.stack import plan
+from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig
-from ragr1.stack.index import ensure_index
+from ragr1.stack.index_cache import ensure_index
 from ragr1.stack.local import run_dir
 from ragr1.stack.questions import split_questions, write_jsonl
 from ragr1.stack.supervisor import RestartPolicy, Supervisor
@@ -291,7 +291,7 @@ def prompts_file(directory: Path) -> tuple[Path, int]:
 
 
 def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Path, int]:
-    ports = plan.Ports.of(config)
+    ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
     prompts, templates = prompts_file(directory)
     index = ensure_index(0, config.shards, config.index_type, config.max_passage_tokens,
@@ -299,9 +299,9 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
     worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2}
     second = ports.trainer + 1
-    policies = [plan.policy_spec(config, ports, model, worker, name="policy-0"),
-                plan.policy_spec(config, ports, model, worker, name="policy-1", port=second)]
-    trainer = plan.trainer_spec(
+    policies = [wiring.policy_spec(config, ports, model, worker, name="policy-0"),
+                wiring.policy_spec(config, ports, model, worker, name="policy-1", port=second)]
+    trainer = wiring.trainer_spec(
         config, ports, model, directory / "trainer",
         {"prompts_file": str(prompts), "mode": "multi", "max_updates": updates, "batch_size": 4,
          "samples_per_prompt": 2, "advantage": "grpo", "lora_rank": 16, "actor_lr": 1e-4,
@@ -310,7 +310,7 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
          "trim_streams": False},
         replicas=(ports.policy, second),
     )
-    specs = [*plan.retrieval_specs(config, ports, index), plan.reward_spec(config, ports), *policies, trainer]
+    specs = [*wiring.retrieval_specs(config, ports, index), wiring.reward_spec(config, ports), *policies, trainer]
     return Supervisor(directory, specs, ports.redis, auth=True), prompts, templates
 
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragr1.agent.information import Passage
-from ragr1.agent.prompts import Tokenizer
+from ragr1.protocol.information import Passage
+from ragr1.protocol.prompts import Tokenizer
 from ragr1.services.policy.agent import Generation, GenerationRequest, Sampling
 
 _QUESTION = re.compile(r"Question: (.*?)\n")

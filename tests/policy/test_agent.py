@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer, GenerationConfig
 
-from ragr1.agent.grammar import SpanKind, parse_spans
-from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK, Mode
+from ragr1.protocol.grammar import SpanKind, parse_spans
+from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK, Mode
 from ragr1.services.policy.agent import AgentLoop, Generation, LoopConfig, Sampling, Task, Trajectory, TrajectoryStatus
 from ragr1.services.policy.engine import to_generation
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch

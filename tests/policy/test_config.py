@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.agent.prompts import Mode
+from ragr1.protocol.prompts import Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import load
 from ragr1.services.policy.agent import LoopConfig
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import EngineSettings
-from ragr1.services.policy.runtime import Limits
+from ragr1.services.policy.runtime import RolloutLimits
 from ragr1.services.policy.weights import InFlight
 
 
@@ -20,7 +20,7 @@ def test_defaults_come_from_the_loop_engine_limits_and_ports() -> None:
     assert config.port == ports.POLICY
     assert config.loop_config() == LoopConfig()
     assert config.engine_settings(Path("model")) == EngineSettings(Path("model"))
-    assert Limits(config.max_batch, config.max_question_chars) == Limits()
+    assert RolloutLimits(config.max_batch, config.max_question_chars) == RolloutLimits()
     assert config.in_flight_policy() is InFlight.FINISH
 
 

@@ -14,7 +14,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import LoopConfig, Sampling, Task
 from ragr1.services.policy.backends import RewardServiceScorer
-from ragr1.services.policy.runtime import Limits, Policy
+from ragr1.services.policy.runtime import Policy, RolloutLimits
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
@@ -33,7 +33,7 @@ def make_policy(tokenizer: Any, model_dir: Path, search: ScriptedSearch) -> Poli
         LoopConfig(),
         model_dir=model_dir,
         default_sampling=Sampling(),
-        limits=Limits(max_batch=8),
+        limits=RolloutLimits(max_batch=8),
     )
 
 
@@ -151,7 +151,7 @@ def test_policy_rejects_bad_requests(tokenizer: Any, policy_model_dir: Path) -> 
         LoopConfig(max_model_len=100),
         model_dir=policy_model_dir,
         default_sampling=Sampling(),
-        limits=Limits(),
+        limits=RolloutLimits(),
     )
     with pytest.raises(InvalidArgument, match="tokens; the model's maximum length is 100"):
         short.prompt_ids([Task("q", "Who wrote Hamlet?")])

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ragr1.protocol.information import Passage
 from ragr1.services.retriever.corpus import (
-    PassageRecord,
     PassageStore,
     read_corpus,
     record_from_json,
@@ -21,8 +21,8 @@ def test_both_jsonl_layouts_give_the_same_passage() -> None:
     record = next(read_jsonl(corpus_path()))
     from_fields = record_from_json({"id": record["id"], "title": record["title"], "text": record["text"]}, "x")
     from_contents = record_from_json({"id": record["id"], "contents": record["contents"]}, "x")
-    assert from_fields == from_contents == PassageRecord(record["id"], record["title"], record["text"])
-    assert from_fields.contents() == record["contents"]
+    assert from_fields == from_contents == Passage(record["id"], record["title"], record["text"])
+    assert from_fields.contents == record["contents"]
 
 
 def test_a_passage_without_text_is_reported_with_its_line() -> None:
@@ -70,7 +70,7 @@ def test_store_gives_random_access_by_row(tmp_path: Path) -> None:
 
 
 def test_store_refuses_duplicate_ids_and_leaves_no_half_store(tmp_path: Path) -> None:
-    dup = [PassageRecord("a", "T", "x"), PassageRecord("a", "T", "y")]
+    dup = [Passage("a", "T", "x"), Passage("a", "T", "y")]
     with pytest.raises(ValueError, match="duplicate passage id 'a'"):
         write_store(dup, tmp_path / "s", progress=False)
     with pytest.raises(FileNotFoundError, match="not a passage store"):

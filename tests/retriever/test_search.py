@@ -15,7 +15,7 @@ from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
-from ragr1.services.retriever.router import Limits, Router, SearchResult
+from ragr1.services.retriever.router import Router, SearchLimits, SearchResult
 from ragr1.services.retriever.shard import ShardSearcher
 
 TOP_K = 10
@@ -123,7 +123,7 @@ def test_dedup_within_a_trajectory_and_omit_text(index_dirs: dict[int, Path], en
 def test_bad_input_names_the_limit(queries: list[str], top_k: int, message: str, encoder: Encoder) -> None:
     # Validation comes first: no shard is ever asked.
     no_shard = LocalShard(None)  # type: ignore[arg-type]
-    router = Router(encoder, [no_shard], limits=Limits(max_queries=4, max_query_chars=30, max_top_k=5))
+    router = Router(encoder, [no_shard], limits=SearchLimits(max_queries=4, max_query_chars=30, max_top_k=5))
     with pytest.raises(InvalidArgument, match=message):
         asyncio.run(router.search(queries, top_k))
 

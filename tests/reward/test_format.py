@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragr1.agent.grammar import Span, SpanKind, parse_response
-from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
+from ragr1.protocol.grammar import Span, SpanKind, parse_response
+from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.reward.format_check import FormatWeights, check_format
 from ragr1.services.reward.scoring import Composition, RewardScorer, RewardSettings, ScoreInput
 

@@ -8,17 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragr1.agent.grammar import Span, SpanKind
-from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
+from ragr1.protocol.grammar import Span, SpanKind
+from ragr1.protocol.information import Passage
+from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.common.errors import InvalidArgument
-from ragr1.services.reward.process_reward import LexicalRelevance, Passage, Round, process_score
+from ragr1.services.reward.process_reward import LexicalRelevance, Round, process_score
 from ragr1.services.reward.scoring import (
     Composition,
-    Limits,
     RetrievedPassage,
     RewardScorer,
     RewardSettings,
     ScoreInput,
+    ScoreLimits,
 )
 from ragr1.shipped import read_jsonl, train_path
 
@@ -97,14 +98,14 @@ def test_a_search_left_without_information_is_a_missed_round() -> None:
 
 
 def test_lexical_relevance_mixes_into_the_process_score() -> None:
-    rounds = [Round("capital of France", [Passage("Paris", "Paris is the capital of France.")]),
-              Round("Eiffel tower height", [Passage("Bread", "Baguettes are long.")])]
+    rounds = [Round("capital of France", [Passage("", "Paris", "Paris is the capital of France.")]),
+              Round("Eiffel tower height", [Passage("", "Bread", "Baguettes are long.")])]
     plain = process_score(rounds, ["paris"], [], relevance_weight=0.0, scorer=LexicalRelevance())
     mixed = process_score(rounds, ["paris"], [], relevance_weight=0.5, scorer=LexicalRelevance())
     assert plain.score == 0.5
     # round 0: 0.5 * 1 + 0.5 * 1 (all query words found); round 1: 0
     assert mixed.score == pytest.approx(0.5)
-    assert LexicalRelevance().score("capital of France", [Passage("", "France")]) == [pytest.approx(1 / 3)]
+    assert LexicalRelevance().score("capital of France", [Passage("", "", "France")]) == [pytest.approx(1 / 3)]
 
 
 def test_weighted_composition() -> None:
@@ -177,7 +178,7 @@ def test_unknown_scheme_is_refused() -> None:
     ],
 )
 def test_bad_items_get_zero_and_a_reason(item: ScoreInput, reason: str) -> None:
-    parts = RewardScorer(RewardSettings(limits=Limits(max_response_chars=2000))).score(item)
+    parts = RewardScorer(RewardSettings(limits=ScoreLimits(max_response_chars=2000))).score(item)
     assert parts.exact_match == 0.0
     assert parts.total == 0.0
     assert reason in parts.reasons
@@ -223,7 +224,7 @@ def test_any_input_gets_a_defined_score(response: str, golds: list[str], titles:
 
 
 def test_malformed_batches_are_refused() -> None:
-    scorer = RewardScorer(RewardSettings(limits=Limits(max_items=2, max_rounds=4)))
+    scorer = RewardScorer(RewardSettings(limits=ScoreLimits(max_items=2, max_rounds=4)))
     with pytest.raises(InvalidArgument, match="3 items in one request, the limit is 2"):
         scorer.score_batch([ScoreInput("a")] * 3)
     with pytest.raises(InvalidArgument, match=r"items\[1\].retrieved_rounds: round 4 is outside \[0, 4\)"):

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
-from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.errors import ServiceCallError
+from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.reward.client import AsyncRewardClient, RewardClient

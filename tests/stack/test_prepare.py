@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ragr1.agent.information import InformationFormat
 from ragr1.cli import main
+from ragr1.protocol.information import InformationFormat
 from ragr1.services.common.config import InformationSettings
 from ragr1.services.trainer import data
 from ragr1.shipped import train_path

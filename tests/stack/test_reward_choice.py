@@ -1,4 +1,4 @@
-"""The stack's ``--reward`` reaches the reward service: started with the flags ``plan.reward_spec`` writes,
+"""The stack's ``--reward`` reaches the reward service: started with the flags ``wiring.reward_spec`` writes,
 a partly right answer is paid its F1 under ``f1`` and nothing under ``em``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.reward.client import RewardClient
-from ragr1.stack import plan
+from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig
 from ragr1.v1 import reward_pb2
 
@@ -24,7 +24,7 @@ RESPONSE = (
 @pytest.mark.parametrize("reward", ["em", "f1"])
 def test_the_reward_service_pays_what_the_stack_asked_for(tmp_path: Path, reward: str) -> None:
     config = StackConfig(reward=reward, base_port=free_port() // 100 * 100)  # ports away from the defaults
-    spec = plan.reward_spec(config, plan.Ports.of(config))
+    spec = wiring.reward_spec(config, wiring.Ports.of(config))
     with ServiceProcess.ragr1("reward", spec.args, spec.target, tmp_path / "reward.log", start_timeout=60), \
             RewardClient(spec.target) as client:
         (scored,) = client.score([reward_pb2.ScoreItem(response=RESPONSE, golden_answers=["William Shakespeare"])])

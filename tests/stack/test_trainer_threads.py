@@ -1,4 +1,4 @@
-"""The local stack's trainer shares the cores with the policy's vLLM engine: ``plan.trainer_spec`` gives
+"""The local stack's trainer shares the cores with the policy's vLLM engine: ``wiring.trainer_spec`` gives
 it half of them (bench/trainer_colocation.py measured why), the trainer's CLI reads the flag, and the
 training process runs with that many torch threads."""
 
@@ -14,24 +14,24 @@ from ragr1.services.common.config import from_args
 from ragr1.services.trainer.config import PPOConfig, PPOSettings, SFTConfig
 from ragr1.services.trainer.model import init_torch
 from ragr1.services.trainer.sft import SFTTrainer
-from ragr1.stack import plan
+from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig
 
 
 @pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (16, 8)])
 def test_the_trainer_gets_half_the_cores_by_default(cores: int, threads: int) -> None:
-    assert plan.trainer_threads(StackConfig(), cores) == threads
+    assert wiring.trainer_threads(StackConfig(), cores) == threads
 
 
 def test_a_configured_thread_count_wins_and_a_negative_one_is_refused() -> None:
-    assert plan.trainer_threads(StackConfig(trainer_threads=3), 2) == 3
+    assert wiring.trainer_threads(StackConfig(trainer_threads=3), 2) == 3
     with pytest.raises(ValueError, match="trainer_threads must be at least 0, got -1"):
         StackConfig(trainer_threads=-1)
 
 
 def test_the_trainer_cli_reads_the_stack_s_thread_count(tmp_path: Path) -> None:
     config = StackConfig(trainer_threads=1)
-    spec = plan.trainer_spec(config, plan.Ports.of(config), tmp_path / "model", tmp_path / "out")
+    spec = wiring.trainer_spec(config, wiring.Ports.of(config), tmp_path / "model", tmp_path / "out")
     args = build_parser().parse_args(spec.args)
     assert from_args(PPOConfig, args).threads == 1
 

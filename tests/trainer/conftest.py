@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
 
 
 def make_tiny_model(target: Path) -> Path:

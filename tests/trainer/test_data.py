@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragr1.agent.information import InformationFormat
-from ragr1.agent.prompts import Mode, question_prompt
+from ragr1.protocol.information import InformationFormat
+from ragr1.protocol.prompts import Mode, question_prompt
 from ragr1.services.trainer import data
 from ragr1.services.trainer.model import PolicyModel
 from ragr1.shipped import train_path

@@ -20,7 +20,7 @@ import redis
 import torch
 from transformers import GenerationConfig
 
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
 from ragr1.services.policy.agent import GenerationRequest, Sampling
 from ragr1.services.policy.engine import EngineSettings, VllmEngine
 from ragr1.services.trainer.checkpoint import Checkpointer

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from ragr1.models import prepare_policy_model
+from ragr1.model_paths import prepare_policy_model
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import PolicyModel
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample

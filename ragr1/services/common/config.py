@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K
+from ragr1.protocol.information import TOKENS_PER_QUERY, TOP_K
 
 ENV_PREFIX = "RAGR1_"
 

@@ -2,7 +2,7 @@
 
 Each turn, every live trajectory generates in one engine call, stopping at ``</search>`` or
 ``</answer>``; the queries of all trajectories that searched go to the retriever in one call; the
-passages come back as an ``<information>`` block (``ragr1.agent.information``). Token ids are kept end
+passages come back as an ``<information>`` block (``ragr1.protocol.information``). Token ids are kept end
 to end: the generated ids are appended as the engine returned them, and only the inserted text
 (information, feedback) is tokenised, so the trainer sees exactly the tokens the behaviour policy saw
 and sampled. Every piece of the response is also kept as a ``Span`` saying who wrote it, which is what
@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ragr1.agent import grammar
-from ragr1.agent.grammar import Span, SpanKind
-from ragr1.agent.information import TOKENS_PER_QUERY, TOP_K, InformationFormat, Passage
-from ragr1.agent.prompts import (
+from ragr1.protocol import grammar
+from ragr1.protocol.grammar import Span, SpanKind
+from ragr1.protocol.information import TOKENS_PER_QUERY, TOP_K, InformationFormat, Passage
+from ragr1.protocol.prompts import (
     INVALID_ACTION_FEEDBACK,
     MAX_QUERIES,
     QUERY_SEPARATOR,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragr1.agent.information import Passage
+from ragr1.protocol.information import Passage
 from ragr1.services.common.client import ChannelOptions
 from ragr1.services.retriever.client import AsyncRetrieverClient
 from ragr1.services.reward.client import AsyncRewardClient

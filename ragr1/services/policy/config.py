@@ -5,20 +5,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ragr1.agent.prompts import Mode
+from ragr1.protocol.prompts import Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import InformationSettings, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, Sampling
 from ragr1.services.policy.engine import EngineSettings
-from ragr1.services.policy.runtime import Limits
+from ragr1.services.policy.runtime import RolloutLimits
 from ragr1.services.policy.weights import InFlight
 
 _LOOP = LoopConfig()
 _ENGINE = EngineSettings(model=Path())
 _SAMPLING = Sampling()
-_LIMITS = Limits()
+_LIMITS = RolloutLimits()
 
 
 @dataclasses.dataclass
@@ -110,8 +110,8 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
     def default_sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens_per_turn)
 
-    def limits(self) -> Limits:
-        return Limits(self.max_batch, self.max_question_chars)
+    def limits(self) -> RolloutLimits:
+        return RolloutLimits(self.max_batch, self.max_question_chars)
 
     def in_flight_policy(self) -> InFlight:
         try:

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from ragr1.agent.prompts import Mode, Tokenizer
+from ragr1.protocol.prompts import Mode, Tokenizer
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.policy.agent import Sampling, Task, Trajectory
 from ragr1.v1 import common_pb2, reward_pb2

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ragr1.agent.prompts import Tokenizer, chat_prompt_ids
+from ragr1.protocol.prompts import Tokenizer, chat_prompt_ids
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
@@ -41,7 +41,7 @@ class ReloadableEngine(Engine, Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class RolloutLimits:
     max_batch: int = 64
     max_question_chars: int = 4096
 
@@ -56,7 +56,7 @@ class Policy:
         *,
         model_dir: Path,
         default_sampling: Sampling,
-        limits: Limits,
+        limits: RolloutLimits,
         in_flight: InFlight = InFlight.FINISH,
         engine_seed: int = 0,
     ) -> None:

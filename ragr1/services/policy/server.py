@@ -8,8 +8,8 @@ import os
 import socket
 from typing import Protocol, cast
 
-from ragr1.agent.prompts import Tokenizer
-from ragr1.models import policy_checkpoint
+from ragr1.model_paths import policy_checkpoint
+from ragr1.protocol.prompts import Tokenizer
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer

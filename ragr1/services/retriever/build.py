@@ -81,7 +81,7 @@ def embed_store(
     ) as bar:
         for start, end in todo:
             encoder = encoder or encoder_factory(settings)
-            vectors = encoder.encode_passages([p.contents() for p in store.iter_range(start, end)])
+            vectors = encoder.encode_passages([p.contents for p in store.iter_range(start, end)])
             path = _chunk_path(directory, start, end)
             tmp = path.with_suffix(".tmp")
             with open(tmp, "wb") as handle:

@@ -9,7 +9,6 @@ copy so that a shard can tell that it serves the store its index was built from.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from ragr1.protocol.information import Passage
 from ragr1.shipped import read_jsonl
 
 PASSAGES_FILE = "passages.jsonl"
@@ -33,31 +33,20 @@ KILT_WORDS_PER_PASSAGE = 100
 _KILT_MARKUP = re.compile(r"^(Section|BULLET)::::-?\s*")
 
 
-@dataclasses.dataclass(frozen=True)
-class PassageRecord:
-    id: str
-    title: str
-    text: str
-
-    def contents(self) -> str:
-        """The DPR/FlashRAG ``contents`` field: the title in quotes, a newline, the text."""
-        return f'"{self.title}"\n{self.text}'
-
-
-def record_from_json(record: dict[str, Any], where: str) -> PassageRecord:
+def record_from_json(record: dict[str, Any], where: str) -> Passage:
     """Reads ``title`` + ``text``, or ``contents`` (``"Title"\\ntext``); ``where`` names the line on error."""
     pid = str(record.get("id", "")).strip()
     if not pid:
         raise ValueError(f"{where}: passage has no 'id'")
     if "text" in record and "title" in record:
-        return PassageRecord(pid, str(record["title"]), str(record["text"]))
+        return Passage(pid, str(record["title"]), str(record["text"]))
     if "contents" in record:
         title, _, text = str(record["contents"]).partition("\n")
-        return PassageRecord(pid, title.strip().strip('"'), text)
+        return Passage(pid, title.strip().strip('"'), text)
     raise ValueError(f"{where}: passage {pid} has neither 'contents' nor 'title' and 'text'")
 
 
-def split_kilt_page(page: dict[str, Any], words: int = KILT_WORDS_PER_PASSAGE) -> list[PassageRecord]:
+def split_kilt_page(page: dict[str, Any], words: int = KILT_WORDS_PER_PASSAGE) -> list[Passage]:
     """One KILT knowledge-source page as passages of ``words`` words, ids ``<wikipedia_id>_<n>``.
 
     KILT pages are ``{"wikipedia_id", "wikipedia_title", "text": [paragraph, ...]}`` whose first
@@ -79,14 +68,14 @@ def split_kilt_page(page: dict[str, Any], words: int = KILT_WORDS_PER_PASSAGE) -
             continue
         tokens += _KILT_MARKUP.sub("", paragraph).split()
     return [
-        PassageRecord(f"{page_id}_{n}", title, " ".join(tokens[start : start + words]))
+        Passage(f"{page_id}_{n}", title, " ".join(tokens[start : start + words]))
         for n, start in enumerate(range(0, len(tokens), words))
     ]
 
 
 def read_corpus(
     paths: Iterable[Path], fmt: str = "jsonl", words: int = KILT_WORDS_PER_PASSAGE, limit: int | None = None
-) -> Iterator[PassageRecord]:
+) -> Iterator[Passage]:
     if fmt not in CORPUS_FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}; known: {', '.join(CORPUS_FORMATS)}")
     count = 0
@@ -102,7 +91,7 @@ def read_corpus(
                     return
 
 
-def write_store(passages: Iterable[PassageRecord], out_dir: Path, *, progress: bool = True) -> PassageStore:
+def write_store(passages: Iterable[Passage], out_dir: Path, *, progress: bool = True) -> PassageStore:
     """Writes a store (to temporary names, renamed at the end: a crash leaves no half store)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +104,8 @@ def write_store(passages: Iterable[PassageRecord], out_dir: Path, *, progress: b
             if passage.id in seen:
                 raise ValueError(f"duplicate passage id {passage.id!r}")
             seen.add(passage.id)
-            line = (json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n").encode()
+            row = {"id": passage.id, "title": passage.title, "text": passage.text}  # no score: stored, not found
+            line = (json.dumps(row, ensure_ascii=False) + "\n").encode()
             handle.write(line)
             digest.update(line)
             offsets.append(offsets[-1] + len(line))
@@ -155,17 +145,17 @@ class PassageStore:
     def __len__(self) -> int:
         return int(self.meta["num_passages"])
 
-    def __getitem__(self, row: int) -> PassageRecord:
+    def __getitem__(self, row: int) -> Passage:
         if not 0 <= row < len(self):
             raise IndexError(f"passage row {row} outside [0, {len(self)})")
         start, end = int(self._offsets[row]), int(self._offsets[row + 1])
-        return PassageRecord(**json.loads(os.pread(self._fd, end - start, start)))
+        return Passage(**json.loads(os.pread(self._fd, end - start, start)))
 
-    def __iter__(self) -> Iterator[PassageRecord]:
+    def __iter__(self) -> Iterator[Passage]:
         for row in range(len(self)):
             yield self[row]
 
-    def iter_range(self, start: int, end: int) -> Iterator[PassageRecord]:
+    def iter_range(self, start: int, end: int) -> Iterator[Passage]:
         for row in range(start, end):
             yield self[row]
 

@@ -130,7 +130,7 @@ def settings_from_dict(data: dict[str, Any]) -> EncoderSettings:
 
 def model_path(name: str) -> str:
     if name == DEFAULT_ENCODER:
-        from ragr1.models import embedding_model_dir
+        from ragr1.model_paths import embedding_model_dir
 
         return str(embedding_model_dir())
     return name

@@ -50,9 +50,9 @@ async def retrieve(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {
         "result": [
             [
-                {"document": {"id": h.id, "contents": h.contents()}, "score": h.score}
+                {"document": {"id": h.id, "contents": h.contents}, "score": h.score}
                 if with_scores
-                else {"id": h.id, "contents": h.contents()}
+                else {"id": h.id, "contents": h.contents}
                 for h in hits
             ]
             for hits in result.results

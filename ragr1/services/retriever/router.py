@@ -29,13 +29,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class SearchLimits:
     max_queries: int = 512
     max_query_chars: int = 2048
     max_top_k: int = 100
 
 
-def validate(queries: Sequence[str], top_k: int, groups: Sequence[int], limits: Limits) -> None:
+def validate(queries: Sequence[str], top_k: int, groups: Sequence[int], limits: SearchLimits) -> None:
     """Raises ``InvalidArgument`` naming the first limit the request breaks."""
     if not queries:
         raise InvalidArgument(f"queries is empty: send 1 to max_queries={limits.max_queries} queries")
@@ -108,7 +108,7 @@ class Router:
         encoder: QueryEncoder,
         shards: Sequence[ShardBackend],
         *,
-        limits: Limits | None = None,
+        limits: SearchLimits | None = None,
         on_shard_failure: str = "unavailable",
         default_timeout_s: float = 10.0,
         reply_margin: float = 0.05,
@@ -125,7 +125,7 @@ class Router:
             raise ValueError("the router needs at least one shard")
         self.encoder = encoder
         self.shards = list(shards)
-        self.limits = limits or Limits()
+        self.limits = limits or SearchLimits()
         self.on_shard_failure = on_shard_failure
         self.default_timeout_s = default_timeout_s
         # Share of the caller's deadline kept back to merge and send the answer after the shards'

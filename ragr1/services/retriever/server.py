@@ -16,7 +16,7 @@ from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.http_api import start_http
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
-from ragr1.services.retriever.router import Limits, Router
+from ragr1.services.retriever.router import Router, SearchLimits
 from ragr1.services.retriever.servicer import RetrieverServicer, RetrieverShardServicer
 from ragr1.services.retriever.shard import ShardSearcher
 from ragr1.services.retriever.shard_client import AsyncShardClient
@@ -141,7 +141,7 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
         raise ValueError(f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)")
     shards = [AsyncShardClient(target) for target in config.shards]
     await check_shards(shards, manifest, config.shard_wait_s)
-    limits = Limits(config.max_queries, config.max_query_chars, config.max_top_k)
+    limits = SearchLimits(config.max_queries, config.max_query_chars, config.max_top_k)
     encoder = Encoder(
         m.encoder,
         device=config.device,

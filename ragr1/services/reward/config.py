@@ -8,7 +8,7 @@ from ragr1.services.common import ports
 from ragr1.services.common.config import setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.reward.format_check import FormatWeights
-from ragr1.services.reward.scoring import SCHEMES, Composition, Limits, RewardSettings
+from ragr1.services.reward.scoring import SCHEMES, Composition, RewardSettings, ScoreLimits
 
 # The core's defaults are the one place these values are written.
 _V03 = Composition.search_r1_v03()
@@ -98,7 +98,7 @@ class RewardConfig(ServerConfig):
                 answer=self.format_weight_answer,
                 clean=self.format_weight_clean,
             ),
-            limits=Limits(
+            limits=ScoreLimits(
                 max_items=self.max_items,
                 max_response_chars=self.max_response_chars,
                 max_rounds=self.max_rounds,

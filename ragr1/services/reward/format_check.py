@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ragr1.agent.grammar import ParsedResponse
+from ragr1.protocol.grammar import ParsedResponse
 
 _ORDER = re.compile(r"t(sit)*a")
 

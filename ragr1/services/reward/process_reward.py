@@ -15,13 +15,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
+from ragr1.protocol.information import Passage
 from ragr1.services.reward.answers import contains_answer, normalize_answer
-
-
-@dataclasses.dataclass(frozen=True)
-class Passage:
-    title: str
-    text: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ scorer, and a caller that sends the whole chat anyway is caught: only what follo
 ``assistant_marker`` is scored, with the reason "prompt_in_response".
 
 Bad input gets a defined score and a counted reason, never an exception: an empty response, a
-response over ``Limits.max_response_chars`` (all parts 0, "response_too_long": one runaway
+response over ``ScoreLimits.max_response_chars`` (all parts 0, "response_too_long": one runaway
 trajectory must not fail its whole batch), missing gold answers (EM and F1 0 and the total 0 in every
 scheme, "missing_gold"), lone surrogates (replaced, "invalid_unicode"). What makes the *request*
 malformed (too many items, retrieved_rounds not matching retrieved, a round number over the limit)
@@ -24,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ragr1.agent.grammar import ParsedResponse, Span, parse_response, parse_spans
+from ragr1.protocol.grammar import ParsedResponse, Span, parse_response, parse_spans
+from ragr1.protocol.information import Passage
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.answers import exact_match, normalized_golds, token_f1
 from ragr1.services.reward.format_check import FormatWeights, check_format
-from ragr1.services.reward.process_reward import Passage, RelevanceScorer, Round, process_score
+from ragr1.services.reward.process_reward import RelevanceScorer, Round, process_score
 
 SCHEMES = ("weighted", "search_r1_v03")
 
@@ -109,7 +110,7 @@ class Composition:
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class ScoreLimits:
     max_items: int = 4096
     max_response_chars: int = 200_000
     max_rounds: int = 64
@@ -119,18 +120,18 @@ class Limits:
 class RewardSettings:
     composition: Composition = dataclasses.field(default_factory=Composition)
     format_weights: FormatWeights = dataclasses.field(default_factory=FormatWeights)
-    limits: Limits = dataclasses.field(default_factory=Limits)
+    limits: ScoreLimits = dataclasses.field(default_factory=ScoreLimits)
     relevance_weight: float = 0.0
     # The chat template's start of the model's turn (ChatML: Qwen2.5, SmolLM2); "" turns the guard off.
     assistant_marker: str = "<|im_start|>assistant"
 
 
-def check_batch_size(count: int, limits: Limits) -> None:
+def check_batch_size(count: int, limits: ScoreLimits) -> None:
     if count > limits.max_items:
         raise InvalidArgument(f"items: {count} items in one request, the limit is {limits.max_items}")
 
 
-def validate(items: Sequence[ScoreInput], limits: Limits) -> None:
+def validate(items: Sequence[ScoreInput], limits: ScoreLimits) -> None:
     """Raises InvalidArgument, naming the field and the limit, for what makes a request malformed."""
     check_batch_size(len(items), limits)
     for index, item in enumerate(items):
@@ -162,9 +163,9 @@ def _rounds(item: ScoreInput, queries: list[str], information: list[str]) -> lis
     if item.retrieved:
         grouped: list[list[Passage]] = [[] for _ in range(1 + max(p.round for p in item.retrieved))]
         for p in item.retrieved:
-            grouped[p.round].append(Passage(p.title, p.text))
+            grouped[p.round].append(Passage("", p.title, p.text))
     else:
-        grouped = [[Passage("", block)] for block in information]
+        grouped = [[Passage("", "", block)] for block in information]
     count = max(len(queries), len(grouped))
     return [
         Round(queries[i] if i < len(queries) else "", grouped[i] if i < len(grouped) else [])

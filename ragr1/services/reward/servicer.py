@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from ragr1.agent.grammar import Span, SpanKind
+from ragr1.protocol.grammar import Span, SpanKind
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.metrics import record_batch
 from ragr1.services.reward.scoring import Parts, RetrievedPassage, RewardScorer, ScoreInput, check_batch_size

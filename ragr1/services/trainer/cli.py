@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragr1.models import check_model
+from ragr1.model_paths import check_model
 from ragr1.services.common.commands import command, service
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
 

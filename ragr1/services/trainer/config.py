@@ -32,7 +32,7 @@ class ModelSettings(Validated):
     max_grad_norm: float = setting(1.0, "gradient clipping by global norm")
     micro_batch_size: int = setting(4, "sequences per forward/backward (gradients accumulate over the batch)")
     seed: int = setting(0, "random seed")
-    # The local stack sets it where the trainer shares its cores with vLLM (stack/plan.trainer_threads
+    # The local stack sets it where the trainer shares its cores with vLLM (stack/wiring.trainer_threads
     # says why); 0 suits a trainer with cores of its own.
     threads: int = setting(0, "torch CPU threads; 0 = one per core (torch's default)")
     device: str = setting(

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.agent.information import InformationFormat
-from ragr1.agent.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
-from ragr1.agent.sft import Piece, SupportedQuestion, trajectory
+from ragr1.protocol.information import InformationFormat
+from ragr1.protocol.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
+from ragr1.protocol.trajectories import Piece, SupportedQuestion, trajectory
 from ragr1.shipped import read_jsonl_numbered, record_source
 from ragr1.v1 import common_pb2
 
@@ -226,7 +226,7 @@ def tokenize_segments(
 
 
 @dataclasses.dataclass(frozen=True)
-class Trajectory:
+class SFTTrajectory:
     """One SFT trajectory as text: the question, its mode, and the response in (text, generated) pieces."""
 
     question: str
@@ -240,17 +240,17 @@ class Trajectory:
 
 def sft_trajectories(
     items: Sequence[SupportedQuestion], modes: Sequence[str], information: InformationFormat, top_k: int
-) -> list[Trajectory]:
+) -> list[SFTTrajectory]:
     """One trajectory per question and mode, with information blocks as the loop would build them."""
     out = []
     for item in items:
         for name in modes:
             mode = Mode.parse(name)
-            out.append(Trajectory(item.question, mode, trajectory(item, mode, information, top_k=top_k)))
+            out.append(SFTTrajectory(item.question, mode, trajectory(item, mode, information, top_k=top_k)))
     return out
 
 
-def load_trajectories(path: Path, limit: int | None = None) -> list[Trajectory]:
+def load_trajectories(path: Path, limit: int | None = None) -> list[SFTTrajectory]:
     """Trajectories written by ``ragr1 data prepare`` (``sft.jsonl``); a bad record names its line."""
     out = []
     for lineno, record in read_jsonl_numbered(path, limit):
@@ -268,7 +268,7 @@ def load_trajectories(path: Path, limit: int | None = None) -> list[Trajectory]:
             if not isinstance(piece, dict) or not isinstance(piece.get("text"), str) or "generated" not in piece:
                 raise ValueError(f"{where}: field 'segments[{i}]' needs 'text' and 'generated'")
             segments.append((piece["text"], bool(piece["generated"])))
-        out.append(Trajectory(str(question), mode, segments))
+        out.append(SFTTrajectory(str(question), mode, segments))
     return out
 
 
@@ -279,7 +279,7 @@ def is_trajectory_file(path: Path) -> bool:
     return False
 
 
-def tokenize_trajectories(tokenizer: Any, trajectories: Sequence[Trajectory]) -> list[TokenSequence]:
+def tokenize_trajectories(tokenizer: Any, trajectories: Sequence[SFTTrajectory]) -> list[TokenSequence]:
     return [
         tokenize_segments(tokenizer, render_prompt_ids(tokenizer, t.question, t.mode), t.segments,
                           tokenizer.eos_token_id)

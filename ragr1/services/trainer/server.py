@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ragr1 import shipped
-from ragr1.models import policy_checkpoint
+from ragr1.model_paths import policy_checkpoint
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from ragr1 import shipped
-from ragr1.agent.information import InformationFormat
-from ragr1.models import policy_checkpoint
+from ragr1.model_paths import policy_checkpoint
+from ragr1.protocol.information import InformationFormat
 from ragr1.services.trainer import data, ppo
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
@@ -42,7 +42,7 @@ class SFTTrainer:
     def build_sequences(self) -> list[data.TokenSequence]:
         """From QA files with supporting paragraphs, or from trajectories ``ragr1 data prepare`` wrote."""
         c = self.config
-        trajectories: list[data.Trajectory] = []
+        trajectories: list[data.SFTTrajectory] = []
         tokenizer: Any = self.model.tokenizer
         information = InformationFormat(tokenizer, c.tokens_per_query)
         for name in c.train_files:

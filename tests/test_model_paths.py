@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ragr1.cli import main
-from ragr1.models import policy_checkpoint
+from ragr1.model_paths import policy_checkpoint
 
 
 def test_no_model_is_smollm2_from_its_package(policy_model_dir: Path) -> None:

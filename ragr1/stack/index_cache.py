@@ -26,8 +26,9 @@ def _selection_key(limit: int, ids: set[str] | None) -> str:
 def ensure_index(limit: int, shards: int, index_type: str, max_passage_tokens: int,
                  ids: set[str] | None = None, progress: bool = True) -> Path:
     """Returns the directory of a built index (with ``manifest.json``), building it when needed."""
+    from ragr1.protocol.information import Passage
     from ragr1.services.retriever.build import build_index
-    from ragr1.services.retriever.corpus import PassageRecord, PassageStore, read_corpus, write_store
+    from ragr1.services.retriever.corpus import PassageStore, read_corpus, write_store
     from ragr1.services.retriever.encoder import DEFAULT_ENCODER, preset
     from ragr1.services.retriever.index import IndexSpec
     from ragr1.services.retriever.manifest import LoadedManifest
@@ -45,7 +46,7 @@ def ensure_index(limit: int, shards: int, index_type: str, max_passage_tokens: i
             print(f"cached index {index_dir} is unreadable ({exc}); rebuilding it", flush=True)
             shutil.rmtree(index_dir)
 
-    def passages() -> Iterator[PassageRecord]:
+    def passages() -> Iterator[Passage]:
         for record in read_corpus([corpus_path()], limit=None if ids is not None else (limit or None)):
             if ids is None or record.id in ids:
                 yield record

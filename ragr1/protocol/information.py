@@ -21,8 +21,8 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from ragr1.agent.grammar import INFORMATION_CLOSE, INFORMATION_OPEN
-from ragr1.agent.prompts import Tokenizer
+from ragr1.protocol.grammar import INFORMATION_CLOSE, INFORMATION_OPEN
+from ragr1.protocol.prompts import Tokenizer
 
 # RAG-R1 retrieves the top 3 documents per query.
 TOP_K = 3

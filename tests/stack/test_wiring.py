@@ -1,4 +1,4 @@
-"""The command lines ``stack/plan.py`` writes are read back by each service's own config as the stack meant."""
+"""The command lines ``stack/wiring.py`` writes are read back by each service's own config as the stack meant."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.reward.config import RewardConfig
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
-from ragr1.stack import plan
+from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig
 from ragr1.stack.demo import Demo, demo_config
 
 
 def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> None:
     config = StackConfig(base_port=40000, num_shards=3, reward="f1", max_turns=3, kv_cache_gib=1, trainer_threads=1)
-    p = plan.Ports.of(config)
+    p = wiring.Ports.of(config)
     parser = build_parser()
-    *shards, router = plan.retrieval_specs(config, p, tmp_path / "index")
+    *shards, router = wiring.retrieval_specs(config, p, tmp_path / "index")
     specs = {
-        "reward": (plan.reward_spec(config, p), RewardConfig),
-        "policy": (plan.policy_spec(config, p, tmp_path / "model", name="policy-1", port=40100), PolicyConfig),
-        "trainer": (plan.trainer_spec(config, p, tmp_path / "model", tmp_path / "out", replicas=(40100,)), PPOConfig),
+        "reward": (wiring.reward_spec(config, p), RewardConfig),
+        "policy": (wiring.policy_spec(config, p, tmp_path / "model", name="policy-1", port=40100), PolicyConfig),
+        "trainer": (wiring.trainer_spec(config, p, tmp_path / "model", tmp_path / "out", replicas=(40100,)), PPOConfig),
         "router": (router, RouterConfig),
         **{f"shard {i}": (spec, ShardConfig) for i, spec in enumerate(shards)},
     }
@@ -43,7 +43,7 @@ def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> Non
         router.target, specs["reward"][0].target, p.redis_url())
     trainer = read["trainer"]
     assert (trainer.policy_replicas, trainer.threads, trainer.output_dir) == (
-        [f"{plan.HOST}:40100"], 1, str(tmp_path / "out"))
+        [f"{wiring.HOST}:40100"], 1, str(tmp_path / "out"))
 
 
 def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> No
 def test_the_demo_trains_with_the_trainer_s_default_learning_rates(tmp_path: Path) -> None:
     """Unless told otherwise (or a preset says why), the demo's RL stage gets the rates a user of
     ``ragr1 train ppo`` gets: no learning rate or LoRA rank on its command line."""
-    presets = sorted((Path(plan.__file__).parent / "presets").glob("*.yaml"))
+    presets = sorted((Path(wiring.__file__).parent / "presets").glob("*.yaml"))
     assert len(presets) >= 3
     for preset in presets:
         demo = Demo(demo_config(preset.stem, run_dir=str(tmp_path / "run")))
@@ -82,11 +82,11 @@ def test_the_demo_trains_with_the_trainer_s_default_learning_rates(tmp_path: Pat
 def test_what_the_stack_passes_on_under_a_setting_s_name_is_that_setting(tmp_path: Path) -> None:
     """``ragr1 up --max-turns`` is the policy's ``max_turns``, its default and help included: one home."""
     config = StackConfig()
-    p = plan.Ports.of(config)
+    p = wiring.Ports.of(config)
     passed = {
-        PolicyConfig: plan.policy_spec(config, p, tmp_path / "model").args,
-        PPOConfig: plan.trainer_spec(config, p, tmp_path / "model", tmp_path / "out").args,
-        RewardConfig: plan.reward_spec(config, p).args,
+        PolicyConfig: wiring.policy_spec(config, p, tmp_path / "model").args,
+        PPOConfig: wiring.trainer_spec(config, p, tmp_path / "model", tmp_path / "out").args,
+        RewardConfig: wiring.reward_spec(config, p).args,
     }
     shared = set()
     for cls, args in passed.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragr1.agent.prompts import Mode, question_from_prompt, question_prompt
+from ragr1.protocol.prompts import Mode, question_from_prompt, question_prompt
 
 
 def test_multi_query_prompt_is_rag_r1s() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ragr1.agent import grammar
-from ragr1.agent.grammar import Span, SpanKind, parse_response, parse_spans
-from ragr1.agent.prompts import INVALID_ACTION_FEEDBACK
+from ragr1.protocol import grammar
+from ragr1.protocol.grammar import Span, SpanKind, parse_response, parse_spans
+from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK
 
 
 def parse(text: str, multi: bool = True, sep: str = ",", cap: int = 3) -> grammar.Action:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from ragr1.agent.grammar import INFORMATION_CLOSE, INFORMATION_OPEN, parse_action
-from ragr1.agent.information import InformationFormat, Passage
-from ragr1.agent.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
-from ragr1.agent.sft import SupportedQuestion, trajectory
+from ragr1.protocol.grammar import INFORMATION_CLOSE, INFORMATION_OPEN, parse_action
+from ragr1.protocol.information import InformationFormat, Passage
+from ragr1.protocol.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
+from ragr1.protocol.trajectories import SupportedQuestion, trajectory
 from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Task, TrajectoryStatus
 from ragr1.services.trainer import data
 from ragr1.shipped import TRAIN_SETS, train_path
@@ -35,7 +35,7 @@ def test_loop_replaying_an_sft_trajectory_produces_its_token_ids(tokenizer: Any,
     item = SupportedQuestion(item.question, item.answer, item.gold, distractors=[])
     config = LoopConfig(top_k=1, tokens_per_query=60)
     pieces = trajectory(item, mode, InformationFormat(tokenizer, config.tokens_per_query), top_k=1)
-    (expected,) = data.tokenize_trajectories(tokenizer, [data.Trajectory(item.question, mode, pieces)])
+    (expected,) = data.tokenize_trajectories(tokenizer, [data.SFTTrajectory(item.question, mode, pieces)])
 
     script = {item.question: [text for text, generated in pieces if generated]}
     loop = AgentLoop(ScriptedEngine(tokenizer, script), GoldSearch(item), tokenizer, config)

@@ -17,9 +17,9 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from ragr1.agent.grammar import parse_action
-from ragr1.agent.information import InformationFormat, Passage
-from ragr1.agent.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
+from ragr1.protocol.grammar import parse_action
+from ragr1.protocol.information import InformationFormat, Passage
+from ragr1.protocol.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
 
 Piece = tuple[str, bool]
 

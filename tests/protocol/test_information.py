@@ -6,8 +6,8 @@ import json
 import random
 from typing import Any
 
-from ragr1.agent.grammar import INFORMATION_CLOSE, INFORMATION_OPEN
-from ragr1.agent.information import InformationFormat, Passage, documents
+from ragr1.protocol.grammar import INFORMATION_CLOSE, INFORMATION_OPEN
+from ragr1.protocol.information import InformationFormat, Passage, documents
 from ragr1.services.policy.agent import BLOCK_OVERHEAD_TOKENS, QUERY_OVERHEAD_TOKENS
 from ragr1.shipped import corpus_path, read_jsonl
 

@@ -5,7 +5,9 @@
   (from who-wrote-what spans, so that inserted text is never read as the model's action);
 - ``information``: the ``<information>`` block RAG-R1 inserts after a search, with its per-query token
   budget;
-- ``sft``: the pieces the format-learning trajectories are made of.
+- ``trajectories``: the pieces the format-learning (SFT) trajectories are made of.
 
-No service imports another service: each imports this package, so a change here reaches all three.
+Every service imports this package, so a change here reaches all of them; this package imports no
+service. A service reaches another only through that one's ``client.py`` (the trainer the policy's, the
+policy the retriever's and the reward's), never its internals.
 """
