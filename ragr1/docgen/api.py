@@ -13,7 +13,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-from ragr1.docgen import HEADER, cell, code, slug, table
+from ragr1.docgen.markdown import HEADER, cell, code, slug, table
 from ragr1.protogen import PROTO_DIR, proto_files
 
 # Field numbers in descriptor.proto that make up a SourceCodeInfo.Location path.

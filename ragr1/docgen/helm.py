@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ragr1.docgen import HEADER, ROOT, cell, code, slug, table
+from ragr1.docgen.markdown import HEADER, ROOT, cell, code, slug, table
 
 CHART = ROOT / "deploy" / "helm" / "ragr1"
 _MISSING = object()

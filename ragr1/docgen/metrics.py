@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from ragr1.docgen import HEADER, ROOT, cell, code, slug, table
+from ragr1.docgen.markdown import HEADER, ROOT, cell, code, slug, table
 
 # Who exports the metrics of each module that defines some (a new module must be added here).
 COMPONENTS: dict[str, tuple[str, str]] = {

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ragr1.docgen import HEADER, ROOT, cell, code, slug, table
+from ragr1.docgen.markdown import HEADER, ROOT, cell, code, slug, table
 from ragr1.services.common.config import base_type, env_name, flag_name, managed_of, section_of, settings_of
 
 # Flags every command has that are not settings.
