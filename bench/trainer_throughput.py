@@ -29,8 +29,8 @@ from ragr1.services.common.redis_server import RedisServer
 from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.trainer import data
 from ragr1.services.trainer.checkpoint import Checkpointer
-from ragr1.services.trainer.config import PPOSettings, SFTConfig
-from ragr1.services.trainer.loop import LoopSettings, PPOLoop
+from ragr1.services.trainer.config import PPOConfig, PPOSettings, SFTConfig
+from ragr1.services.trainer.loop.ppo_loop import PPOLoop
 from ragr1.services.trainer.model import PolicyModel, native_bf16
 from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 from ragr1.services.trainer.sft import SFTTrainer
@@ -107,17 +107,18 @@ def queue_overhead(model_dir: Path, samples: list[Sample], steps: int) -> tuple[
         ]
         StreamQueue(client, ROLLOUTS, common_pb2.Rollout, group="trainer").produce(rollouts)
         tasks = data.load_qa_tasks(train_path("hotpotqa"), "multi", limit=8)
-        settings = LoopSettings(
+        # The loop's settings. The updater below has its own (mini-batches of 4): mini_batch_size here only has
+        # to divide batch_size, as the config checks.
+        config = PPOConfig(
             batch_size=len(samples),
+            mini_batch_size=len(samples),
             max_staleness=steps,
             max_updates=steps,
             poll_ms=100,
-            samples_per_prompt=1,
-            group="trainer",
             consumer="bench",
         )
         loop = PPOLoop(
-            settings,
+            config,
             client,
             tasks,
             PPOUpdater.build(PPOSettings(lora_rank=16, micro_batch_size=4), model_dir),

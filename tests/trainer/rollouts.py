@@ -10,8 +10,8 @@ import redis
 
 from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer
-from ragr1.services.trainer.config import PPOSettings
-from ragr1.services.trainer.loop import LoopSettings, PPOLoop, Updater
+from ragr1.services.trainer.config import PPOConfig, PPOSettings
+from ragr1.services.trainer.loop import PPOLoop, Updater
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.v1 import common_pb2
@@ -55,30 +55,39 @@ def _tasks(n: int = 3) -> list[common_pb2.PromptTask]:
     ]
 
 
+TINY = {"bf16": False, "lora_rank": 0, "micro_batch_size": 2, "actor_warmup_ratio": 0.0, "critic_warmup_ratio": 0.0}
+
+
 def tiny_settings(**overrides: object) -> PPOSettings:
     """Settings for the tiny model: fp32, full weights, small micro-batches, no warm-up."""
+    return PPOSettings(**{**TINY, **overrides})  # type: ignore[arg-type]
+
+
+def tiny_config(**overrides: object) -> PPOConfig:
+    """The trainer's config for a loop on the tiny model: small batches, short polls, two mini-batches per
+    update where the batch divides in two."""
     values: dict[str, object] = {
-        "bf16": False, "lora_rank": 0, "micro_batch_size": 2, "actor_warmup_ratio": 0.0, "critic_warmup_ratio": 0.0,
+        **TINY, "batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1,
+        "group": "trainer", "consumer": "trainer-0",
     }
     values.update(overrides)
-    return PPOSettings(**values)  # type: ignore[arg-type]
+    batch_size = values["batch_size"]
+    assert isinstance(batch_size, int)
+    values.setdefault("mini_batch_size", 2 if batch_size % 2 == 0 else 1)
+    return PPOConfig(**values)  # type: ignore[arg-type]
 
 
 def make_loop(
     redis_client: redis.Redis, model_dir: Path, out: Path, updater: Updater | None = None, **overrides: object
 ) -> PPOLoop:
-    """A loop on the tiny model; ``updater`` defaults to one process with two mini-batches per update."""
-    values: dict[str, object] = {
-        "batch_size": 4, "max_staleness": 1, "max_updates": 2, "poll_ms": 50, "samples_per_prompt": 1,
-        "group": "trainer", "consumer": "trainer-0",
-    }
-    values.update(overrides)
-    settings = LoopSettings(**values)  # type: ignore[arg-type]
+    """A loop on the tiny model (``overrides``: of ``tiny_config``); ``updater`` defaults to one process built
+    from the same config."""
+    config = tiny_config(**overrides)
     return PPOLoop(
-        settings,
+        config,
         redis_client,
         _tasks(),
-        updater or PPOUpdater.build(tiny_settings(mini_batch_size=2), model_dir),
+        updater or PPOUpdater.build(config, model_dir),
         Checkpointer(out / "checkpoints", keep=10),
         StepLog(out / "steps.jsonl"),
     )

@@ -9,6 +9,7 @@ Slow: an engine start and three PPO updates of SmolLM2 (LoRA, the shipped defaul
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from ragr1.services.policy.agent import GenerationRequest, Sampling
 from ragr1.services.policy.engine import EngineSettings, VllmEngine
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
-from ragr1.services.trainer.loop import LoopSettings, PPOLoop, to_sample
+from ragr1.services.trainer.loop.ppo_loop import PPOLoop, to_sample
 from ragr1.services.trainer.model import PolicyModel, collate
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
@@ -163,18 +164,9 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     # The shipped defaults (LoRA r16, bf16 autocast where native, KL in the reward, alarm threshold), small batches.
     config = PPOConfig(batch_size=4, mini_batch_size=2, max_updates=3)
     updater = PPOUpdater.build(config, model_dir)
-    settings = LoopSettings(
-        batch_size=4,
-        max_staleness=1,
-        max_updates=1,
-        poll_ms=50,
-        samples_per_prompt=1,
-        group="trainer",
-        consumer="trainer-0",
-        health=config,
-    )
+    # The loop's own copy: each train() below moves its max_updates on by one, the updater's stays.
     ppo = PPOLoop(
-        settings,
+        dataclasses.replace(config, poll_ms=50),
         redis_client,
         [common_pb2.PromptTask(id="t", question="q?", golden_answers=["a"])],
         updater,
@@ -185,7 +177,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
 
     def train(tag: str) -> dict[str, Any]:
         produce(redis_client, sample(engine, ids, seed=len(ppo.steps.read()) * 10, version=ppo.version, tag=tag))
-        ppo.settings.max_updates = ppo.version + 1
+        ppo.config.max_updates = ppo.version + 1
         ppo.run()
         return ppo.steps.read()[-1]
 

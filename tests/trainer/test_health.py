@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from ragr1.services.trainer.config import HealthSettings, PPOConfig
 from ragr1.services.trainer.health import ALARMS, HealthMonitor, thresholds
-from ragr1.services.trainer.loop import PPOLoop, to_sample
+from ragr1.services.trainer.loop.ppo_loop import PPOLoop, to_sample
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.v1 import common_pb2
@@ -198,7 +198,7 @@ def test_a_real_update_loop_driven_into_each_condition_logs_the_alarm_with_its_u
         advantage="grpo", actor_lr=case.lr, kl_coef=case.kl_coef, mini_batch_size=case.mini_batch_size
     )
     loop = make_loop(redis_client, tiny_model_dir, tmp_path, PPOUpdater.build(settings, tiny_model_dir),
-                     batch_size=6, samples_per_prompt=2, max_updates=0, health=case.health)
+                     batch_size=6, samples_per_prompt=2, max_updates=0, **dataclasses.asdict(case.health))
     threshold = getattr(case.health, next(a.threshold for a in ALARMS if a.name == alarm))
     assert REGISTRY.get_sample_value("ragr1_trainer_alarm_threshold", {"alarm": alarm}) == threshold
     # A series from the start (0 until the alarm first fires), so the dashboard's panel has data.

@@ -1,4 +1,6 @@
-"""The PPO loop on a real Redis: admission control, bad input, staleness, de-duplication, restarts."""
+"""The PPO loop on a real Redis, its parts together: bad input, staleness, whole groups, de-duplication,
+the weight-sync alarm, a bounded Redis, restarts. Each part alone: test_admission, test_groups, test_record,
+test_gauges."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from prometheus_client import REGISTRY
 
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
-from ragr1.services.trainer.loop import check_rollout, signal_share, to_sample
+from ragr1.services.trainer.loop.ppo_loop import check_rollout, to_sample
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
@@ -37,29 +39,6 @@ def test_check_rollout_names_the_problem() -> None:
     unknown = make_rollout("r")
     unknown.ClearField("sampling")
     assert "no sampling settings" in (check_rollout(unknown, 0) or "")
-
-
-def test_admission_control_keeps_the_staleness_window(
-    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=4, max_staleness=1)
-    loop.prompts.ensure_group()
-    assert loop.feed() == 8  # (S + 1) x batch
-    assert loop.feed() == 0  # nothing settled yet: no more room
-    tasks = [
-        m for _, f in redis_client.xrange(PROMPTS) for m in [common_pb2.PromptTask.FromString(f[b"data"])]
-    ]
-    assert len({t.id for t in tasks}) == 8
-    assert all(t.admitted_at_version == 0 for t in tasks)
-    redis_client.hincrby(loop.counters, "settled", 4)  # one batch trained
-    assert loop.feed() == 4
-    # Prompts a rollout worker gives up on (dead-lettered) will never bring rollouts: they leave the
-    # window too, or enough of them would stop training for good.
-    worker = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="rollout-workers")
-    worker.ensure_group()
-    for d in worker.consume(2):
-        worker.dead_letter(d.entry_id, {"id": d.message.id, "data": d.message.SerializeToString()}, "retrieval_error")
-    assert loop.feed() == 2
 
 
 def test_bad_stale_and_duplicate_rollouts_are_handled_and_training_goes_on(
@@ -98,12 +77,12 @@ def test_a_duplicate_does_not_mark_its_untrained_original_done(
     loop.rollouts.ensure_group()
     produce(redis_client, [make_rollout("a0"), make_rollout("a1"), make_rollout("a0")])  # a0 delivered twice
     loop._admit(loop.rollouts.consume(10))
-    assert [d.message.id for d in loop._buffer] == ["a0", "a1"]
+    assert [d.message.id for d in loop.groups.buffered] == ["a0", "a1"]
     assert not loop.rollouts.is_done("a0")  # the copy is acknowledged, the original still waits
     # The trainer dies before a0 is trained; its successor re-reads its pending entries and keeps a0.
     successor = make_loop(redis_client, tiny_model_dir, tmp_path / "successor", batch_size=4)
     successor._admit(successor.rollouts.consume(10, pending=True))
-    assert [d.message.id for d in successor._buffer] == ["a0", "a1"]
+    assert [d.message.id for d in successor.groups.buffered] == ["a0", "a1"]
 
 
 def test_a_trainer_under_a_new_name_trains_what_its_predecessor_left_pending(
@@ -120,13 +99,6 @@ def test_a_trainer_under_a_new_name_trains_what_its_predecessor_left_pending(
     deadline.cancel()
     assert [sorted(r["rollout_ids"]) for r in successor.steps.read()] == [["r0", "r1", "r2", "r3"]]
     assert successor.rollouts.pending() == 0
-
-
-def test_signal_share_counts_the_groups_whose_scores_differ() -> None:
-    assert signal_share([1, 0, 1, 1, 0, 0], ["a", "a", "b", "b", "c", "c"]) == pytest.approx(1 / 3)
-    assert signal_share([0.5, 0.5, 1.0], ["a", "a", "b"]) == 0.0  # b, a group of one, compares nothing
-    with pytest.raises(ValueError, match="no group"):
-        signal_share([1.0, 0.0], ["a", "b"])
 
 
 def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
@@ -274,7 +246,7 @@ def test_a_finished_run_removes_the_prompts_no_worker_has_taken(
     )
     workers.ensure_group()
     loop.prompts.ensure_group()
-    assert loop.feed() == 4  # (S + 1) x batch
+    assert loop.admission.feed(loop.version) == 4  # (S + 1) x batch
     taken = workers.consume(1)  # a worker is busy with one prompt
     produce(redis_client, [make_rollout("r0"), make_rollout("r1")])
     loop.run()
@@ -285,7 +257,7 @@ def test_a_finished_run_removes_the_prompts_no_worker_has_taken(
     assert workers.undelivered() == 0
     assert workers.consume(10) == []
     # Their rollouts are no longer counted as in flight: 4 admitted - 3 removed, 2 settled.
-    assert int(redis_client.hget(loop.counters, "admitted") or 0) == 1
+    assert int(redis_client.hget(loop.admission.counters, "admitted") or 0) == 1
 
 
 def test_each_update_deletes_the_entries_every_group_is_done_with(
@@ -299,7 +271,7 @@ def test_each_update_deletes_the_entries_every_group_is_done_with(
     )
     workers.ensure_group()
     loop.prompts.ensure_group()
-    assert loop.feed() == 4
+    assert loop.admission.feed(loop.version) == 4
     taken = workers.consume(3)
     workers.ack(taken[:2])  # two prompts done, one being worked on
     produce(redis_client, [make_rollout(f"r{i}") for i in range(5)])

@@ -17,7 +17,7 @@ from ragr1.services.common.redis_server import free_port
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.config import PPOConfig
-from ragr1.services.trainer.loop import PPOLoop, TrainerStatus
+from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.v1 import policy_pb2, policy_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -168,7 +168,8 @@ def test_a_replica_that_restarted_at_version_0_is_sent_the_current_version_again
         produce(redis_client, [make_rollout("r1")])  # only now: the second update follows the re-push
 
     with policy_replica(policy) as live:
-        loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=2, resync_seconds=0)
+        loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=2,
+                         resync_seconds=0.01)
         loop.publisher = WeightPublisher([live], timeout=5, max_failures=3)
         produce(redis_client, [make_rollout("r0")])
         assert run_loop(loop, restart_after_the_first_update) is None

@@ -256,6 +256,11 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
     start_version: int = setting(0, "version the policy serves the starting weights as (1 after a pushed SFT)")
     poll_ms: int = setting(1000, "longest wait for rollouts per read")
+    resync_seconds: float = setting(
+        10.0,
+        "how often, while collecting, the policy replicas are asked for their version and one back at its "
+        "starting weights (restarted) is sent the current one",
+    )
     trim_streams: bool = setting(
         True, "after each update, delete the prompts and rollouts every group is done with (Redis stays bounded)"
     )
@@ -274,6 +279,8 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
             ("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0),
             ("max_uniform_groups", 0),
         ))
+        if self.resync_seconds <= 0:
+            raise ValueError(f"resync_seconds must be positive, got {self.resync_seconds}")
         if self.batch_size % self.mini_batch_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"

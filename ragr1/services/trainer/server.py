@@ -13,7 +13,7 @@ from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
-from ragr1.services.trainer.loop import LoopSettings, PPOLoop, TrainerStatus, Updater
+from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus, Updater
 from ragr1.services.trainer.model import init_torch, training_device
 from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
@@ -55,21 +55,8 @@ def build_loop(config: PPOConfig, status: TrainerStatus | None = None) -> PPOLoo
             config.policy_replicas, config.update_timeout_seconds, max_failures=config.max_failed_pushes
         )
         publisher.check()
-    settings = LoopSettings(
-        batch_size=config.batch_size,
-        max_staleness=config.max_staleness,
-        max_updates=config.max_updates,
-        poll_ms=config.poll_ms,
-        samples_per_prompt=config.samples_per_prompt,
-        group=config.group,
-        consumer=config.consumer,
-        start_version=config.start_version,
-        health=config,
-        max_uniform_groups=config.max_uniform_groups,
-        trim_streams=config.trim_streams,
-    )
     return PPOLoop(
-        settings,
+        config,
         client,
         tasks,
         build_updater(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragr1.services.trainer.loop import TrainerStatus
+from ragr1.services.trainer.loop.ppo_loop import TrainerStatus
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 
 
