@@ -297,7 +297,7 @@ def token_sequences(sizes: Sizes, vocab: int, seed: int = 0) -> list[Any]:
 
 
 def ppo_samples(sizes: Sizes, vocab: int) -> list[Any]:
-    from ragr1.services.trainer.ppo_trainer import Sample
+    from ragr1.services.trainer.updater import Sample
 
     return [Sample(f"s{i}", seq, float(i % 2)) for i, seq in enumerate(token_sequences(sizes, vocab))]
 
@@ -348,7 +348,7 @@ def ppo_settings(ctx: Context, lora_rank: int) -> Any:
 
 
 def ppo_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
-    from ragr1.services.trainer.ppo_trainer import PPOUpdater
+    from ragr1.services.trainer.updater import PPOUpdater
 
     updater = PPOUpdater.build(ppo_settings(ctx, lora_rank), ctx.model_dir(arch))
     samples = ppo_samples(ctx.sizes, ARCHS[arch].vocab)
@@ -398,7 +398,7 @@ def process_group(device: Any) -> Iterator[str]:
 
 
 def fsdp_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, Any]]:
-    from ragr1.services.trainer.ppo_trainer import PPOUpdater, process_group_reduce
+    from ragr1.services.trainer.updater import PPOUpdater, process_group_reduce
 
     s = ctx.sizes
     arch = s.fsdp_arch

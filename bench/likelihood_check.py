@@ -27,7 +27,7 @@ from bench.trainer_throughput import rollout_samples
 from ragr1.model_paths import prepare_policy_model
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import PolicyModel
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
+from ragr1.services.trainer.updater import PPOUpdater, Sample
 
 VARIANTS = {"GAE (PPO defaults)": {}, "GRPO": {"advantage": "grpo"}}
 

@@ -33,7 +33,7 @@ from ragr1.services.policy.agent import GenerationRequest, Sampling
 from ragr1.services.policy.engine import EngineSettings, VllmEngine
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import PolicyModel
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
+from ragr1.services.trainer.updater import PPOUpdater, Sample
 
 
 class Generator:

@@ -74,7 +74,7 @@ def realistic_samples(tokenizer: object, count: int, seed: int = 0) -> list[obje
     information blocks (3 queries x ~100 tokens), until the length is reached; about half masked."""
     from ragr1.protocol.prompts import Mode
     from ragr1.services.trainer import data
-    from ragr1.services.trainer.ppo_trainer import Sample
+    from ragr1.services.trainer.updater import Sample
     from ragr1.shipped import train_path
 
     rng = random.Random(seed)
@@ -109,7 +109,7 @@ def child(name: str, rollouts: int) -> None:
 
     from ragr1.model_paths import prepare_policy_model
     from ragr1.services.trainer.config import PPOConfig
-    from ragr1.services.trainer.ppo_trainer import PPOUpdater
+    from ragr1.services.trainer.updater import PPOUpdater
 
     torch.manual_seed(0)
     config = dataclasses.replace(PPOConfig(batch_size=rollouts), **CONFIGURATIONS[name])  # type: ignore[arg-type]

@@ -32,9 +32,9 @@ from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig, PPOSettings, SFTConfig
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop
 from ragr1.services.trainer.model import PolicyModel, native_bf16
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
 from ragr1.services.trainer.sft import SFTTrainer
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import PPOUpdater, Sample
 from ragr1.shipped import train_path
 from ragr1.v1 import common_pb2
 

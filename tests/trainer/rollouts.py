@@ -12,8 +12,8 @@ from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig, PPOSettings
 from ragr1.services.trainer.loop import PPOLoop, Updater
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 
 

@@ -28,8 +28,8 @@ from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, to_sample
 from ragr1.services.trainer.model import PolicyModel, collate
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import produce
 

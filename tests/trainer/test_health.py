@@ -18,7 +18,7 @@ from ragr1.services.trainer.config import HealthSettings, PPOConfig
 from ragr1.services.trainer.health import ALARMS, HealthMonitor, thresholds
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, to_sample
 from ragr1.services.trainer.model import collate
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
+from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_settings
 

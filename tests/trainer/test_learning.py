@@ -13,7 +13,7 @@ import torch
 from ragr1.model_paths import prepare_policy_model
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import PolicyModel
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
+from ragr1.services.trainer.updater import PPOUpdater, Sample
 from tests.trainer.sampler import answer_reward, sample
 
 WORDS = [

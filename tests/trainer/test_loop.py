@@ -21,8 +21,8 @@ from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
 from ragr1.services.trainer.loop.ppo_loop import check_rollout, to_sample
 from ragr1.services.trainer.model import collate
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.command import ROOT, child_env, run_train_ppo, train_ppo
 from tests.trainer.rollouts import make_loop, make_rollout, produce

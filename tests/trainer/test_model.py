@@ -10,7 +10,7 @@ import torch
 from ragr1.services.trainer.data import TokenSequence
 from ragr1.services.trainer.loop import to_sample
 from ragr1.services.trainer.model import PolicyModel, collate, micro_batches
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
+from ragr1.services.trainer.updater import PPOUpdater
 from tests.trainer.rollouts import make_rollout, tiny_settings
 
 

@@ -14,8 +14,8 @@ import torch
 
 from ragr1.services.trainer.checkpoint import Checkpointer, version_dir
 from ragr1.services.trainer.loop import Updater, to_sample
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.ray_train import RayUpdater
+from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_settings
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragr1.services.trainer import ppo
+from ragr1.services.trainer import ppo_math
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.loop import to_sample
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample
+from ragr1.services.trainer.updater import PPOUpdater, Sample
 from tests.trainer.command import run_train_ppo
 from tests.trainer.rollouts import make_rollout, tiny_settings
 
@@ -142,7 +142,7 @@ def test_learning_rates_warm_up_over_a_share_of_max_updates(tiny_model_dir: Path
     assert [r["actor_lr"] for r in rates] == pytest.approx([1e-3, 2e-3, 3e-3, 3e-3])
     assert [r["critic_lr"] for r in rates] == pytest.approx([2e-3] * 4)
     assert dataclasses.replace(settings, max_updates=0).warmup_updates(0.3) == 0  # unbounded run: no warm-up
-    assert [ppo.warmup_factor(u, 3) for u in range(3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [ppo_math.warmup_factor(u, 3) for u in range(3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ragr1.services.trainer import fsdp, ppo
+from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
 
@@ -278,7 +278,7 @@ class PolicyModel(nn.Module):
             hidden = _hidden_at(network.get_decoder(), on_device, rows, cols)
 
             def score(h: torch.Tensor, t: torch.Tensor, temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return ppo.tempered_logprobs_and_entropy(head(h), t, temp)
+                return ppo_math.tempered_logprobs_and_entropy(head(h), t, temp)
 
             for start in range(0, hidden.shape[0], self.logit_chunk_tokens):
                 part = slice(start, start + self.logit_chunk_tokens)

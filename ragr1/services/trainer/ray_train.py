@@ -36,7 +36,7 @@ import torch
 
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.model import init_torch
-from ragr1.services.trainer.ppo_trainer import PPOUpdater, Sample, process_group_reduce
+from ragr1.services.trainer.updater import PPOUpdater, Sample, process_group_reduce
 
 log = logging.getLogger(__name__)
 

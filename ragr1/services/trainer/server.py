@@ -15,10 +15,10 @@ from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus, Updater
 from ragr1.services.trainer.model import init_torch, training_device
-from ragr1.services.trainer.ppo_trainer import PPOUpdater
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import trainer_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import torch
 from ragr1 import shipped
 from ragr1.model_paths import policy_checkpoint
 from ragr1.protocol.information import InformationFormat
-from ragr1.services.trainer import data, ppo
+from ragr1.services.trainer import data, ppo_math
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
 from ragr1.services.trainer.model import PolicyModel, collate, init_torch, training_device
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, denominator: float | None = None) -> torch.Tensor:
     """Mean negative log-likelihood of the generated tokens; inserted tokens contribute nothing."""
-    return -ppo.masked_mean(logprobs, mask, denominator)
+    return -ppo_math.masked_mean(logprobs, mask, denominator)
 
 
 class SFTTrainer:

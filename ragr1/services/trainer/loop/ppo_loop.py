@@ -23,8 +23,8 @@ from ragr1.services.trainer.loop import gauges
 from ragr1.services.trainer.loop.admission import Admission
 from ragr1.services.trainer.loop.groups import GroupBuffer
 from ragr1.services.trainer.loop.record import CURVES, step_record
-from ragr1.services.trainer.ppo_trainer import Sample
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import Sample
 from ragr1.v1 import common_pb2
 
 # The loop's parts log under the name the loop had as one module, which log filters select.

@@ -257,3 +257,21 @@ def warmup_factor(update: int, warmup_updates: int) -> float:
     if warmup_updates <= 0:
         return 1.0
     return min(1.0, (update + 1) / warmup_updates)
+
+
+def logprob_gap(
+    trainer: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, same_weights: Sequence[bool]
+) -> dict[str, float]:
+    """The weight-sync check: |trainer - behaviour| log-prob per generated token, over the rows
+    ``same_weights`` marks (``trainer`` holds their log-probs under the weights that sampled them).
+    Empty when there are none."""
+    rows = torch.tensor(same_weights, dtype=torch.bool)
+    live = mask[rows] > 0
+    if not bool(live.any()):
+        return {}
+    gaps = (trainer[rows] - behaviour[rows]).abs()[live]
+    return {
+        "logprob_gap": float(gaps.mean()),
+        "logprob_gap_max": float(gaps.max()),
+        "logprob_gap_rollouts": float(int(rows.sum())),
+    }

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ragr1.services.trainer import fsdp, ppo
+from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.data import TokenSequence
 from ragr1.services.trainer.model import Batch, PolicyModel, ValueModel, collate, micro_batches, training_device
@@ -147,7 +147,7 @@ class _Optimised:
     grad_norms: list[float] = dataclasses.field(default_factory=list)
 
     def set_learning_rate(self, update: int) -> float:
-        lr = self.lr * ppo.warmup_factor(update, self.warmup_updates)
+        lr = self.lr * ppo_math.warmup_factor(update, self.warmup_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -250,8 +250,8 @@ class PPOUpdater:
         if s.kl_coef > 0:
             ref = self._no_grad(batch, self.actor.reference_logprobs)
             # verl's kl = old_log_prob - ref_log_prob, on generated tokens only.
-            kl = ppo.kl_penalty(old_logprobs, ref, s.kl_estimator) * mask  # type: ignore[arg-type]
-            stats["kl"] = float(ppo.masked_mean(kl, mask))
+            kl = ppo_math.kl_penalty(old_logprobs, ref, s.kl_estimator) * mask  # type: ignore[arg-type]
+            stats["kl"] = float(ppo_math.masked_mean(kl, mask))
         behaviour = None
         if any(x.behaviour_logprobs is not None for x in samples):
             behaviour = old_logprobs.clone()
@@ -262,18 +262,18 @@ class PPOUpdater:
             stats.update(self._sync_gap(samples, batch, old_logprobs, behaviour))
         scores = torch.tensor([x.score for x in samples], dtype=torch.float32)
         in_reward = s.kl_in_reward
-        rewards = ppo.token_rewards(scores, mask, kl if in_reward else None, s.kl_coef)
+        rewards = ppo_math.token_rewards(scores, mask, kl if in_reward else None, s.kl_coef)
         returns = old_values = None
         if self.critic is not None:
             self.critic.eval()
             old_values = self._no_grad(batch, self.critic)
-            advantages, returns = ppo.gae(rewards, old_values, mask, s.gamma, s.lam)
+            advantages, returns = ppo_math.gae(rewards, old_values, mask, s.gamma, s.lam)
             if s.whiten_advantages:
-                advantages = ppo.masked_whiten(advantages, mask)
+                advantages = ppo_math.masked_whiten(advantages, mask)
         else:
             # verl's GRPO scores a trajectory by the sum of its token rewards (KL penalty included).
             group_ids = [x.group_id or x.id for x in samples]
-            advantages = ppo.grpo_advantages(rewards.sum(dim=1), group_ids, mask)
+            advantages = ppo_math.grpo_advantages(rewards.sum(dim=1), group_ids, mask)
         return Prepared(
             batch, old_logprobs, old_values, None if in_reward else ref, behaviour, advantages, returns, scores,
             stats,
@@ -295,7 +295,7 @@ class PPOUpdater:
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[sel]
 
-        return ppo.actor_loss(
+        return ppo_math.actor_loss(
             logprobs=out.logprobs,
             entropy=out.entropy,
             old_logprobs=prepared.old_logprobs[sel],
@@ -313,7 +313,7 @@ class PPOUpdater:
 
     def _critic_loss(self, prepared: Prepared, micro: Batch, sel: torch.Tensor, denominator: float) -> Any:
         assert self.critic is not None and prepared.old_values is not None and prepared.returns is not None
-        return ppo.value_loss(
+        return ppo_math.value_loss(
             self.critic(micro),
             prepared.old_values[sel],
             prepared.returns[sel],
@@ -397,7 +397,7 @@ class PPOUpdater:
             finally:
                 self.actor.load_trainable_state(held)
         checked = [x.weights_lag == 0 or (previous is not None and x.weights_lag == 1) for x in samples]
-        return logprob_gap(trainer, behaviour, batch.mask, checked)
+        return ppo_math.logprob_gap(trainer, behaviour, batch.mask, checked)
 
     def update(
         self, samples: Sequence[Sample], rank: int = 0, world: int = 1, reduce: Reduce | None = None
@@ -453,7 +453,7 @@ class PPOUpdater:
             return {}
         self.actor.eval()
         after = self._no_grad(prepared.batch.select(reinforced), lambda b: self.actor(b).logprobs)
-        change = ppo.masked_mean(after - prepared.old_logprobs[reinforced], mask[reinforced])
+        change = ppo_math.masked_mean(after - prepared.old_logprobs[reinforced], mask[reinforced])
         return {
             "likelihood_change": float(change),
             "likelihood_rollouts": float(len(reinforced)),
@@ -484,20 +484,3 @@ class PPOUpdater:
             fsdp.load_optimizer_state(part.optimizer, copy.deepcopy(state[f"{part.name}_optimizer"]))
         self.updates = int(state["updates"])
 
-
-def logprob_gap(
-    trainer: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, same_weights: Sequence[bool]
-) -> dict[str, float]:
-    """The weight-sync check: |trainer - behaviour| log-prob per generated token, over the rows
-    ``same_weights`` marks (``trainer`` holds their log-probs under the weights that sampled them).
-    Empty when there are none."""
-    rows = torch.tensor(same_weights, dtype=torch.bool)
-    live = mask[rows] > 0
-    if not bool(live.any()):
-        return {}
-    gaps = (trainer[rows] - behaviour[rows]).abs()[live]
-    return {
-        "logprob_gap": float(gaps.mean()),
-        "logprob_gap_max": float(gaps.max()),
-        "logprob_gap_rollouts": float(int(rows.sum())),
-    }
