@@ -14,7 +14,9 @@ class Hit:
     score: float
     shard: int
 
+    @property
     def contents(self) -> str:
+        """The DPR/FlashRAG ``contents`` layout, as ``Passage.contents``."""
         return f'"{self.title}"\n{self.text}'
 
 
