@@ -34,6 +34,7 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (RouterConfig, {**ROUTER, "on_shard_failure": "ignore"}, "on_shard_failure"),
     (PPOConfig, {"batch_size": "6", "mini_batch_size": "2", "samples_per_prompt": "4"}, "samples_per_prompt"),
     (PPOConfig, {"advantage": "vtrace"}, "advantage"),
+    (PPOConfig, {"mode": "both"}, "mode"),
     (PPOConfig, {"resync_seconds": "0"}, "resync_seconds"),
     (SFTConfig, {"micro_batch_size": "0"}, "micro_batch_size"),
     (SFTConfig, {"device": "tpu"}, "device"),

@@ -5,19 +5,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ragr1.protocol.information import Passage
+
 
 @dataclasses.dataclass(frozen=True)
-class Hit:
-    id: str
-    title: str
-    text: str
-    score: float
-    shard: int
+class Hit(Passage):
+    """A passage as a shard found it: its score and the shard that holds it."""
 
-    @property
-    def contents(self) -> str:
-        """The DPR/FlashRAG ``contents`` layout, as ``Passage.contents``."""
-        return f'"{self.title}"\n{self.text}'
+    shard: int = 0
 
 
 def merge_top_k(per_shard: Sequence[Sequence[Sequence[Hit]]], k: int) -> list[list[Hit]]:

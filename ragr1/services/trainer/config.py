@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
+from ragr1.protocol.prompts import Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import InformationSettings, Validated, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
@@ -243,7 +244,7 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     consumer: str = setting("trainer-0", "consumer name; a restart with the same name resumes its pending")
     prompts_file: str = setting("", "QA JSONL or Search-R1 parquet of prompts; empty = train/hotpotqa")
     prompt_limit: int = setting(0, "use only the first N prompts; 0 = all")
-    mode: str = setting("multi", "search mode of the prompts: single or multi")
+    mode: str = setting("multi", "search mode of the prompts: single, multi or none (no retrieval)")
     samples_per_prompt: int = setting(
         1, "rollouts per prompt, trained together in one batch (at least 2 with advantage=grpo)"
     )
@@ -275,6 +276,7 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
 
     def validate(self) -> None:
         super().validate()
+        check_choice("mode", self.mode, [m.value for m in Mode])
         check_at_least(self, (
             ("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0),
             ("max_uniform_groups", 0),
