@@ -1,0 +1,85 @@
+"""The weight announcements and the replicas' reports in a real Redis (``common.fleet``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from ragr1.services.common import fleet
+
+
+def test_a_version_is_announced_once_and_read_back(redis_client: redis.Redis) -> None:
+    assert fleet.latest(redis_client) is None
+    assert fleet.announce(redis_client, 1, "/ck/v000001/policy", "a" * 64)
+    # Asked again (a retried command, a restarted trainer), or for an older version: nothing is written.
+    assert not fleet.announce(redis_client, 1, "/ck/v000001/policy", "a" * 64)
+    assert not fleet.announce(redis_client, 0, "/ck/v000000/policy", "b" * 64)
+    assert redis_client.xlen(fleet.WEIGHTS) == 1
+    first = fleet.latest(redis_client)
+    assert first is not None
+    assert (first.version, first.path, first.sha256) == (1, "/ck/v000001/policy", "a" * 64)
+    assert first.entry_id and abs(first.at - time.time()) < 60
+    assert fleet.announce(redis_client, 2, "/ck/v000002/policy", "c" * 64)
+    second = fleet.latest(redis_client)
+    assert second is not None and (second.version, second.sha256) == (2, "c" * 64)
+    assert second.entry_id > first.entry_id
+
+
+def test_waiting_for_the_next_announcement_returns_the_newest(redis_client: redis.Redis) -> None:
+    """A replica that was busy loading while two versions were announced loads only the newest."""
+    assert fleet.next_after(redis_client, "0-0", 20) is None  # nothing announced: waits, then None
+    fleet.announce(redis_client, 1, "/ck/1", "1" * 64)
+    first = fleet.next_after(redis_client, "0-0", 20)
+    assert first is not None and first.version == 1
+    assert fleet.next_after(redis_client, first.entry_id, 20) is None
+    fleet.announce(redis_client, 2, "/ck/2", "2" * 64)
+    fleet.announce(redis_client, 3, "/ck/3", "3" * 64)
+    newest = fleet.next_after(redis_client, first.entry_id, 20)
+    assert newest is not None and newest.version == 3
+
+
+def test_the_announcements_keep_a_bounded_history(redis_client: redis.Redis) -> None:
+    for version in range(1, 3 * fleet.ANNOUNCEMENTS_KEPT + 1):
+        fleet.announce(redis_client, version, f"/ck/{version}", "0" * 64)
+    assert fleet.ANNOUNCEMENTS_KEPT <= redis_client.xlen(fleet.WEIGHTS) < 3 * fleet.ANNOUNCEMENTS_KEPT
+    newest = fleet.latest(redis_client)
+    assert newest is not None and newest.version == 3 * fleet.ANNOUNCEMENTS_KEPT
+
+
+def test_an_entry_that_is_not_an_announcement_is_named(redis_client: redis.Redis) -> None:
+    redis_client.xadd(fleet.WEIGHTS, {"hello": "world"})
+    with pytest.raises(ValueError, match=f"{fleet.WEIGHTS} entry .* is not a weight announcement"):
+        fleet.latest(redis_client)
+
+
+def test_replica_reports_expire_and_leave_the_fleet(redis_client: redis.Redis) -> None:
+    fleet.report(redis_client, fleet.ReplicaReport("policy-0", 3, fleet.SERVING), ttl_seconds=0.3)
+    fleet.report(redis_client, fleet.ReplicaReport("policy-1", 2, fleet.LOADING, target=3), ttl_seconds=60)
+    assert [(r.name, r.version, r.state, r.target) for r in fleet.replicas(redis_client)] == [
+        ("policy-0", 3, fleet.SERVING, 0), ("policy-1", 2, fleet.LOADING, 3)]
+    time.sleep(0.5)  # policy-0 missed its heartbeats
+    assert [r.name for r in fleet.replicas(redis_client)] == ["policy-1"]
+    assert redis_client.smembers(fleet.REPLICAS) == {b"policy-1"}
+    # A heartbeat refreshes the report; a replica that stops leaves at once.
+    fleet.report(redis_client, fleet.ReplicaReport("policy-1", 3, fleet.SERVING), ttl_seconds=60)
+    assert [(r.version, r.state) for r in fleet.replicas(redis_client)] == [(3, fleet.SERVING)]
+    fleet.withdraw(redis_client, "policy-1")
+    assert fleet.replicas(redis_client) == [] and not redis_client.exists(fleet.REPLICAS)
+
+
+def test_a_report_that_does_not_parse_is_not_counted(redis_client: redis.Redis) -> None:
+    redis_client.set(fleet.replica_key("odd"), json.dumps({"name": "odd", "colour": "blue"}))
+    redis_client.sadd(fleet.REPLICAS, "odd")
+    fleet.report(redis_client, fleet.ReplicaReport("policy-0", 1, fleet.SERVING), ttl_seconds=60)
+    assert [r.name for r in fleet.replicas(redis_client)] == ["policy-0"]
+
+
+def test_a_report_names_its_state() -> None:
+    with pytest.raises(ValueError, match="replica state must be one of"):
+        fleet.ReplicaReport("policy-0", 1, "dancing")
+    refused = fleet.ReplicaReport("policy-0", 1, fleet.REFUSED, 2, "digest mismatch")
+    assert refused.describe() == "policy-0 serves v1, refused v2: digest mismatch" and not refused.generating
+    assert fleet.ReplicaReport("p", 1, fleet.LOADING, 2).generating
