@@ -313,6 +313,8 @@ class GrpcServer:
                  self.name, cfg.host, self.port, cfg.host, self.metrics_port)
 
     async def set_serving(self, serving: bool) -> None:
+        if serving and self._stopping:  # a job that recovers while the server drains must not undo the drain
+            return
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ["", *self._services]:
             await self.health.set(service, status)

@@ -77,6 +77,15 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
     on_retrieval_error: str = setting(
         "requeue", "prompts whose rollout hit a retriever error: requeue or dead_letter"
     )
+    # A rollout worker follows the weight versions the trainer announces in Redis (common/fleet.py).
+    heartbeat_seconds: float = setting(
+        5.0, "how often a rollout worker reports its weight version and state in Redis (the report expires "
+        "after three of these without one)"
+    )
+    checkpoint_wait_seconds: float = setting(
+        60.0, "how long an announced checkpoint that is not there yet (shared storage that shows new files "
+        "late) is waited for before the version is refused"
+    )
 
     def loop_config(self) -> LoopConfig:
         return LoopConfig(
@@ -135,8 +144,11 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
                 f"{self.tokens_per_query} tokens with max_tokens_per_turn={self.max_tokens_per_turn}: "
                 f"that needs about {needed} tokens; raise max_model_len or lower one of the others"
             )
-        if self.engine_check_seconds <= 0:
-            raise ValueError(f"engine_check_seconds must be positive, got {self.engine_check_seconds}")
+        for name in ("engine_check_seconds", "heartbeat_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.checkpoint_wait_seconds < 0:
+            raise ValueError(f"checkpoint_wait_seconds must be at least 0, got {self.checkpoint_wait_seconds}")
         check_choice("on_retrieval_error", self.on_retrieval_error, ("requeue", "dead_letter"))
         if self.worker and not self.reward_address:
             raise ValueError("worker mode needs reward_address: rollouts go to the trainer scored")

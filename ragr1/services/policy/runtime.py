@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ragr1.protocol.prompts import Tokenizer, chat_prompt_ids
-from ragr1.services.common.errors import InvalidArgument
+from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import (
@@ -163,9 +163,10 @@ class Policy:
         return generations, version
 
     async def update_weights(
-        self, version: int, checkpoint_path: str, in_flight: InFlight | None = None
+        self, version: int, checkpoint_path: str, in_flight: InFlight | None = None, *, sha256: str = ""
     ) -> float:
-        """Loads a checkpoint into the running engine; returns the seconds taken.
+        """Loads a checkpoint into the running engine; returns the seconds taken. ``sha256``: the digest the
+        checkpoint's weights must have (``checkpoint_sha256``), checked before anything is loaded.
 
         A refused or failed update raises with the reason, and the old weights keep serving.
         """
@@ -173,23 +174,40 @@ class Policy:
 
         async def load() -> None:
             # Operators (and make test-faults) see when a load runs: a process that dies between these two
-            # lines restarts at version 0, and the trainer sends it the current version again.
+            # lines restarts at version 0 and loads the newest announced version again.
             log.info("weights v%d: loading %s", version, path)
             await self.engine.reload_weights(path)
 
         try:
             path = check_checkpoint(self.model_dir, checkpoint_path)
+            if sha256:
+                await self._check_digest(path, sha256)
             await self.gate.update(
                 version, checkpoint_path, load, in_flight=in_flight or self.in_flight, abort=self.engine.abort_all
             )
         except Exception:
             metrics.WEIGHT_UPDATE_FAILURES.inc()
             raise
+        if sha256:  # Info's digest of the served weights, known without reading them again
+            self._hashes = {(version, str(Path(checkpoint_path))): sha256}
         seconds = time.perf_counter() - start
         log.info("weights v%d: serving (update %.1f s)", version, seconds)
         metrics.WEIGHT_UPDATE.observe(seconds)
         metrics.WEIGHT_VERSION.set(version)
         return seconds
+
+    async def _check_digest(self, path: Path, expected: str) -> None:
+        """Raises FailedPrecondition unless the weights in ``path`` hash to ``expected``; read in a thread
+        (seconds per GB) so that serving goes on meanwhile."""
+        try:
+            got = await asyncio.to_thread(checkpoint_sha256, path)
+        except OSError as exc:
+            raise FailedPrecondition(f"checkpoint {path}: its weights cannot be read: {exc}") from exc
+        if got != expected:
+            raise FailedPrecondition(
+                f"checkpoint {path}: its weights hash to sha256 {got}, not the {expected} announced: a damaged "
+                "or half-copied checkpoint, or another one at the same path"
+            )
 
     # -- what a result depends on ---------------------------------------------------------------
     async def served_checkpoint(self) -> tuple[int, Path, str]:

@@ -8,6 +8,8 @@ import os
 import socket
 from typing import Protocol, cast
 
+import redis
+
 from ragr1.model_paths import policy_checkpoint
 from ragr1.protocol.prompts import Tokenizer
 from ragr1.services.common.server import GrpcServer
@@ -15,6 +17,7 @@ from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
+from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.services.policy.worker import RolloutWorker
@@ -47,11 +50,16 @@ async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> 
             raise EngineDied(f"{type(exc).__name__}: {exc}") from exc
 
 
-def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer) -> RolloutWorker:
-    client = config.redis_client()
-    # Deployments set a stable name per replica (see PolicyConfig.worker_name); host-pid is unique
-    # but changes with every restart.
-    name = config.worker_name or f"{socket.gethostname()}-{os.getpid()}"
+def worker_name(config: PolicyConfig) -> str:
+    """The replica's name on the prompts stream and in the fleet. Deployments set a stable one per replica
+    (see PolicyConfig.worker_name); host-pid is unique but changes with every restart."""
+    return config.worker_name or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def build_worker(
+    config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
+    accepting: asyncio.Event | None = None,
+) -> RolloutWorker:
     prompts = StreamQueue(
         client,
         PROMPTS,
@@ -72,6 +80,7 @@ def build_worker(config: PolicyConfig, policy: Policy, scorer: RewardServiceScor
         block_ms=config.worker_block_ms,
         reclaim_idle_ms=config.reclaim_idle_ms,
         dead_letter_retrieval_errors=config.on_retrieval_error == "dead_letter",
+        accepting=accepting,
     )
 
 
@@ -107,12 +116,19 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
     server.beside(lambda: watch_engine(engine, server, config.engine_check_seconds), "the engine watchdog")
     if config.worker:
         assert scorer is not None  # the config requires reward_address with worker
-        worker = build_worker(config, policy, scorer)
-        stop_worker = asyncio.Event()
+        client, name = config.redis_client(), worker_name(config)
+        follower = WeightFollower(policy, client, name, heartbeat_seconds=config.heartbeat_seconds,
+                                  checkpoint_wait_seconds=config.checkpoint_wait_seconds,
+                                  set_serving=server.set_serving)
+        worker = build_worker(config, policy, scorer, client, name, follower.accepting)
+        stop_worker, stop_follower = asyncio.Event(), asyncio.Event()
         # The batch in hand gets the grace period to finish and be acknowledged; cut off, it is redelivered.
         server.beside(lambda: worker.run(stop_worker), "the rollout worker", stop=stop_worker.set,
                       stop_seconds=config.grace_seconds)
-        log.info("rollout worker %s consuming %s", worker.prompts.consumer, PROMPTS)
+        # A load in hand gets the grace period too; then the replica leaves the fleet.
+        server.beside(lambda: follower.run(stop_follower), "the weight follower", stop=stop_follower.set,
+                      stop_seconds=config.grace_seconds)
+        log.info("rollout worker %s consuming %s once it serves the newest announced weights", name, PROMPTS)
 
     async def close() -> None:
         await search.close()

@@ -5,6 +5,9 @@ its prompts, so a crash loses nothing and duplicates nothing. A prompt whose rol
 retriever error (or was aborted by a weight update) is not acknowledged: with ``requeue`` the
 consumer group hands it out again after ``reclaim_idle_ms`` (to any worker; dead-lettered after
 ``max_deliveries``), with ``dead_letter`` it goes to ``prompts:dead`` at once with the error.
+
+The worker takes prompts only while ``accepting`` is set (``follower.WeightFollower``: after the replica
+loaded the newest announced weights at start, and not while it refuses a version).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class RolloutWorker:
         block_ms: int,
         reclaim_idle_ms: int,
         dead_letter_retrieval_errors: bool,
+        accepting: asyncio.Event | None = None,
     ) -> None:
         self.policy = policy
         self.scorer = scorer
@@ -52,6 +56,7 @@ class RolloutWorker:
         self.block_ms = block_ms
         self.reclaim_idle_ms = reclaim_idle_ms
         self.dead_letter_retrieval_errors = dead_letter_retrieval_errors
+        self.accepting = accepting
         # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
         # first takes back the prompts its predecessor was given and never acknowledged, at once
         # instead of after reclaim_idle_ms. Read once at start: prompts this worker fails later wait
@@ -152,10 +157,24 @@ class RolloutWorker:
         metrics.WORKER_BATCHES.labels("ok" if not failed else "partial").inc()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Steps until ``stop`` is set; errors (Redis down) are logged and retried after a pause."""
+        """Steps until ``stop`` is set, while ``accepting``; errors (Redis down) are logged and retried after a
+        pause."""
         while not stop.is_set():
+            if self.accepting is not None and not self.accepting.is_set():
+                await _either(self.accepting, stop)
+                continue
             try:
                 await self.step()
             except Exception:
                 log.exception("rollout worker step failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event) -> None:
+    """Returns once either event is set."""
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
