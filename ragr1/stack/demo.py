@@ -63,7 +63,7 @@ SFT_SET_BY_DEMO = ("model", "train_files", "limit", "modes", "top_k", "tokens_pe
 PPO_SET_BY_DEMO = (
     *(f.name for f in dataclasses.fields(ServerConfig) if f.name != "log_level"),
     *(f.name for f in dataclasses.fields(QueueConfig)),
-    "port", "model", "output_dir", "threads", "prompts_file", "start_version", "policy_replicas",
+    "port", "model", "output_dir", "threads", "prompts_file", "start_version",
 )
 
 

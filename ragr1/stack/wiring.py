@@ -107,12 +107,11 @@ def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
 
 
 def trainer_spec(config: StackConfig, p: Ports, model: Path, output_dir: Path,
-                 settings: Mapping[str, Any] | None = None, *, replicas: tuple[int, ...] = ()) -> ServiceSpec:
-    """``settings``: more of the trainer's (``PPOConfig``); ``replicas``: the policy ports the trainer pushes
-    weights to (empty: ``p.policy``)."""
+                 settings: Mapping[str, Any] | None = None) -> ServiceSpec:
+    """``settings``: more of the trainer's (``PPOConfig``). The trainer needs no policy address: the rollout
+    workers load the versions it announces in Redis."""
     wiring = {
-        "model": str(model), "redis_url": p.redis_url(),
-        "policy_replicas": [f"{HOST}:{port}" for port in replicas or (p.policy,)],
-        "output_dir": str(output_dir), "threads": trainer_threads(config),
+        "model": str(model), "redis_url": p.redis_url(), "output_dir": str(output_dir),
+        "threads": trainer_threads(config),
     }
     return _spec("trainer", ["train", "ppo"], PPOConfig, {**wiring, **(settings or {})}, p.trainer, config)

@@ -28,6 +28,8 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (PolicyConfig, {"max_batch": "0"}, "max_batch"),
     (PolicyConfig, {"worker": "true"}, "reward_address"),
     (PolicyConfig, {"in_flight": "later"}, "in_flight"),
+    (PolicyConfig, {"heartbeat_seconds": "0"}, "heartbeat_seconds"),
+    (PolicyConfig, {"checkpoint_wait_seconds": "-1"}, "checkpoint_wait_seconds"),
     (ShardConfig, {}, "index"),
     (ShardConfig, {"index": "idx", "checksum": "sometimes"}, "checksum"),
     (RouterConfig, {"index": "idx"}, "shards"),
@@ -35,7 +37,8 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (PPOConfig, {"batch_size": "6", "mini_batch_size": "2", "samples_per_prompt": "4"}, "samples_per_prompt"),
     (PPOConfig, {"advantage": "vtrace"}, "advantage"),
     (PPOConfig, {"mode": "both"}, "mode"),
-    (PPOConfig, {"resync_seconds": "0"}, "resync_seconds"),
+    (PPOConfig, {"fleet_poll_seconds": "0"}, "fleet_poll_seconds"),
+    (PPOConfig, {"weights_timeout_seconds": "-1"}, "weights_timeout_seconds"),
     (SFTConfig, {"micro_batch_size": "0"}, "micro_batch_size"),
     (SFTConfig, {"device": "tpu"}, "device"),
 ]

@@ -548,8 +548,8 @@ def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
         if line.strip()
     ]
     for step in steps:
-        if set(step["published"].values()) != {"ok"}:
-            raise Failed(f"update {step['version']} did not reach the policy: {step['published']}")
+        if step["announced"].get("version") != step["version"]:
+            raise Failed(f"update {step['version']} was not announced to the policy: {step['announced']}")
     # The trainer is the container's first process: its peak resident set, and the container's peak
     # as the kernel's memory cgroup counts it (page cache of the checkpoints it writes included).
     status = in_container(compose, env, "trainer", "print(open('/proc/1/status').read())")

@@ -48,7 +48,7 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert [(s["stage"], s["policy_version"]) for s in report["stages"]] == [("base", 0), ("sft", 1), ("rl", 2)]
     assert [s["version"] for s in report["rl_steps"]] == [2]
     step = report["rl_steps"][0]
-    assert list(step["published"].values()) == ["ok"], step
+    assert step["announced"]["version"] == 2 and len(step["announced"]["sha256"]) == 64, step
     assert isinstance(step["reward_total"], float) and isinstance(step["kl"], float)
     assert 0.0 <= step["signal_f1"] <= 1.0  # the share of GRPO groups the reward can teach from
     # RL prompts are questions neither SFT nor evaluation saw.

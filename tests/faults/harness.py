@@ -305,10 +305,9 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
         config, ports, model, directory / "trainer",
         {"prompts_file": str(prompts), "mode": "multi", "max_updates": updates, "batch_size": 4,
          "samples_per_prompt": 2, "advantage": "grpo", "lora_rank": 16, "actor_lr": 1e-4,
-         "mini_batch_size": 4, "micro_batch_size": 2, "update_timeout_seconds": 60,
+         "mini_batch_size": 4, "micro_batch_size": 2,
          # The audit reads every entry the run produced; trimming (tests/trainer/test_loop.py) would delete them.
          "trim_streams": False},
-        replicas=(ports.policy, second),
     )
     specs = [*wiring.retrieval_specs(config, ports, index), wiring.reward_spec(config, ports), *policies, trainer]
     return Supervisor(directory, specs, ports.redis, auth=True), prompts, templates

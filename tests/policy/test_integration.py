@@ -1,7 +1,8 @@
 """The policy server with the real vLLM CPU engine and SmolLM2, a real reward server and real Redis.
 
 The policy runs as a deployment runs it: TLS and bearer-token auth on, so every call here goes through
-the client base with the CA and the token, and a real trainer process pushes weights to it.
+the client base with the CA and the token, and its rollout worker follows the weight versions a real trainer
+process announces in Redis.
 Slow: one policy server (one engine load) for the whole module.
 The last test kills the engine, so it stays last.
 """
@@ -31,7 +32,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ragr1.errors import ServiceCallError
+from ragr1.services.common import fleet
 from ragr1.services.common.client import ChannelOptions, HealthClient
+from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer, free_port
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
@@ -329,23 +332,31 @@ def test_abort_in_flight_ends_running_rollouts_on_the_old_version(
     assert client.generate(["Hi"], GREEDY).weight_version == old + 1
 
 
-def run_trainer(policy: PolicyServer, redis_server: RedisServer, model_dir: Path, out: Path, start_version: int,
+def run_trainer(redis_server: RedisServer, model_dir: Path, out: Path, start_version: int,
                 client_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`ragr1 train ppo` as a process, its credentials from the environment as in a deployment."""
+    """`ragr1 train ppo` as a process, its credentials from the environment as in a deployment. It is given no
+    policy address: the replicas follow what it announces in Redis."""
     args = ["train", "ppo", "--port", "0", "--metrics-port", "0", "--redis-url", redis_server.url,
-            "--policy-replicas", policy.process.target, "--output-dir", str(out), "--model", str(model_dir),
+            "--output-dir", str(out), "--model", str(model_dir),
             "--start-version", str(start_version), "--max-updates", "1", "--lora-rank", "16",
-            "--prompt-limit", "4", "--group", "pushing-trainer", "--consumer", "pushing-trainer-0"]
+            "--prompt-limit", "4", "--group", "announcing-trainer", "--consumer", "announcing-trainer-0"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGR1_CLIENT_")}
     return subprocess.run([sys.executable, "-m", "ragr1", *args], env={**env, **client_env},
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_trainer_process_pushes_its_weights_over_tls_with_its_token(
+def wait_for(condition: Any, what: str, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_a_restarted_trainer_announces_its_checkpoint_and_the_worker_loads_it(
     client: PolicyClient, policy: PolicyServer, redis_server: RedisServer, policy_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The trainer's push path with auth and TLS on: a trainer that restarts from its checkpoint of
-    version v sends v to every replica before training on (the same publisher that pushes each update)."""
+    """The pull path end to end: a trainer that restarts from its checkpoint of version v announces v (Redis
+    lacked it), and the running rollout worker loads it through its fence, its digest checked."""
     current = client.weight_version().version
     out = tmp_path / "trainer"
 
@@ -355,26 +366,31 @@ def test_a_trainer_process_pushes_its_weights_over_tls_with_its_token(
 
     checkpoint = Checkpointer(out / "checkpoints").save(current + 1, {"stage": "ppo", "trained_ids": []},
                                                         link_model, None)
-    done = run_trainer(policy, redis_server, policy_model_dir, out, current, policy.client_env)
+    done = run_trainer(redis_server, policy_model_dir, out, current, policy.client_env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    wait_for(lambda: client.weight_version().version == current + 1, "the worker never loaded the announced version")
     served = client.weight_version()
-    assert (served.version, served.checkpoint_path) == (current + 1, str(policy_dir(checkpoint)))
+    assert served.checkpoint_path == str(policy_dir(checkpoint).resolve())
+    assert client.info().checkpoint_sha256 == checkpoint_sha256(policy_dir(checkpoint))
 
 
-def test_a_trainer_without_the_token_stops_at_once_and_says_why(
-    client: PolicyClient, policy: PolicyServer, redis_server: RedisServer, policy_model_dir: Path, tmp_path: Path
+def test_an_announced_version_whose_digest_does_not_match_is_refused(
+    client: PolicyClient, redis_server: RedisServer, policy_model_dir: Path
 ) -> None:
+    """The replica loads nothing, says why in its report, takes no prompts and turns NOT_SERVING; a later
+    version that loads brings it back (which the tests after this one need)."""
+    r = redis.Redis.from_url(redis_server.url)
     current = client.weight_version().version
-    no_token = {"RAGR1_CLIENT_CA_FILE": policy.client_env["RAGR1_CLIENT_CA_FILE"]}
-    started = time.monotonic()
-    refused = run_trainer(policy, redis_server, policy_model_dir, tmp_path / "trainer", current, no_token)
-    assert refused.returncode == 1
-    log = refused.stdout + refused.stderr
-    assert f"policy replica {policy.process.target} refuses the trainer: UNAUTHENTICATED" in log, log[-3000:]
-    assert "RAGR1_CLIENT_TOKEN_FILE" in log
-    assert time.monotonic() - started < 120  # before loading the model or training anything
-    assert not (tmp_path / "trainer" / "checkpoints").exists()
+    assert fleet.announce(r, current + 1, str(policy_model_dir), "0" * 64)
+    wait_for(lambda: not client.health(), "the replica never turned NOT_SERVING")
     assert client.weight_version().version == current
+    (report,) = fleet.replicas(r)
+    assert (report.state, report.version, report.target) == (fleet.REFUSED, current, current + 1)
+    assert "hash to sha256" in report.reason
+    assert fleet.announce(r, current + 2, str(policy_model_dir), checkpoint_sha256(policy_model_dir))
+    wait_for(lambda: client.health() and client.weight_version().version == current + 2,
+             "the replica never came back with the next version")
+    wait_for(lambda: [x.state for x in fleet.replicas(r)] == [fleet.SERVING], "the replica never reported serving")
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

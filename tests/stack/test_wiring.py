@@ -23,7 +23,7 @@ def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> Non
     specs = {
         "reward": (wiring.reward_spec(config, p), RewardConfig),
         "policy": (wiring.policy_spec(config, p, tmp_path / "model", name="policy-1", port=40100), PolicyConfig),
-        "trainer": (wiring.trainer_spec(config, p, tmp_path / "model", tmp_path / "out", replicas=(40100,)), PPOConfig),
+        "trainer": (wiring.trainer_spec(config, p, tmp_path / "model", tmp_path / "out"), PPOConfig),
         "router": (router, RouterConfig),
         **{f"shard {i}": (spec, ShardConfig) for i, spec in enumerate(shards)},
     }
@@ -42,8 +42,7 @@ def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> Non
     assert (policy.retriever_address, policy.reward_address, policy.redis_url) == (
         router.target, specs["reward"][0].target, p.redis_url())
     trainer = read["trainer"]
-    assert (trainer.policy_replicas, trainer.threads, trainer.output_dir) == (
-        [f"{wiring.HOST}:40100"], 1, str(tmp_path / "out"))
+    assert (trainer.threads, trainer.output_dir, trainer.redis_url) == (1, str(tmp_path / "out"), p.redis_url())
 
 
 def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> None:

@@ -343,11 +343,11 @@ def test_killed_trainer_resumes_and_trains_every_rollout_exactly_once(
     assert set(trained) == {r.id for r in rollouts}
     path, meta = Checkpointer(out / "checkpoints").latest()  # type: ignore[misc]
     assert meta["version"] == 6 and sorted(meta["trained_ids"]) == sorted(trained)
-    # What the policy is pushed holds the model and nothing of the trainer's (optimiser state is large).
+    # What the replicas load holds the model and nothing of the trainer's (optimiser state is large).
     served = policy_dir(path)
     assert (served / "config.json").exists() and (served / "model.safetensors").exists()
     assert (path / "trainer_state.pt").exists() and not list(served.glob("*.pt"))
-    assert records[-1]["checkpoint"] == str(served) and records[-1]["push_bytes"] == size_bytes(served) > 0
+    assert records[-1]["checkpoint"] == str(served) and records[-1]["weights_bytes"] == size_bytes(served) > 0
     assert int(redis_client.xpending(ROLLOUTS, "trainer")["pending"]) == 0
     assert (out / "curves.png").exists()
 

@@ -55,8 +55,7 @@ def record(tmp_path: Path, groups: list[str] | None) -> dict[str, object]:
         queue_seconds=1.0,
         checkpoint=checkpoint,
         save_seconds=0.5,
-        push_seconds=0.25,
-        published={"policy-0:50052": "ok"},
+        announced={"version": 7, "sha256": "ab12"},
     )
 
 
@@ -73,8 +72,8 @@ def test_the_step_record_of_an_update(tmp_path: Path) -> None:
     assert r["reward_sampled"] == pytest.approx((3.0 + 2.0) / 8)
     assert (r["staleness_mean"], r["staleness_max"]) == (1.0, 2)
     assert r["queue_seconds"] == 1.0 and r["queue_share"] == pytest.approx(1.0 / (1.0 + 3.0))
-    assert r["checkpoint"] == str(tmp_path / "policy") and r["push_bytes"] == 1002
-    assert (r["save_seconds"], r["push_seconds"], r["published"]) == (0.5, 0.25, {"policy-0:50052": "ok"})
+    assert r["checkpoint"] == str(tmp_path / "policy") and r["weights_bytes"] == 1002
+    assert (r["save_seconds"], r["announced"]) == (0.5, {"version": 7, "sha256": "ab12"})
     assert r["response_length"] == 17.0 and r["answer_length"] == 0.0
 
 

@@ -1,62 +1,67 @@
-"""Trainer.Status over real gRPC, and weight versions sent to policy replicas by UpdateWeights."""
+"""Trainer.Status over real gRPC, and weight versions announced to the policy replicas through Redis: the
+loop on real Redis with a stand-in updater (no model), the replicas' reports written as a replica writes them."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-import grpc
+import numpy as np
 import redis
+from safetensors.numpy import save_file
 
-from ragr1.services.common.redis_server import free_port
+from ragr1.services.common import fleet
+from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.server import GrpcServer
+from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.config import PPOConfig
-from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus
+from ragr1.services.trainer.loop import PPOLoop, TrainerStatus
 from ragr1.services.trainer.publisher import PublishError, WeightPublisher
 from ragr1.services.trainer.servicer import TrainerServicer
-from ragr1.v1 import policy_pb2, policy_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from tests.trainer.rollouts import make_loop, make_rollout, produce
+from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.updater import Sample
+from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.trainer.rollouts import _tasks, make_rollout, produce, tiny_config
 
 
-class RecordingPolicy(policy_pb2_grpc.PolicyServicer):
-    """Stands in for a policy replica: records the versions it is told to load and refuses one that is not
-    newer, as the real policy does (which, with auth and TLS, is in tests/policy/test_integration.py).
-    ``refuse`` answers every update like a policy whose token the trainer does not have."""
+class StandInUpdater:
+    """Trains nothing: each update's weights are a small safetensors file of its own (so each version has its
+    own digest) and no trainer state, so that these tests need no model."""
 
-    def __init__(self, refuse: bool = False) -> None:
-        self.updates: list[policy_pb2.UpdateWeightsRequest] = []
-        self.refuse = refuse
-        self.version = 0
+    def __init__(self) -> None:
+        self.updates = 0
 
-    def UpdateWeights(self, request, context):  # type: ignore[no-untyped-def]
-        if self.refuse:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-        if request.version <= self.version:  # as the real policy does
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version must be greater than the current {self.version}")
-        self.updates.append(request)
-        self.version = request.version
-        return policy_pb2.UpdateWeightsResponse(version=request.version)
+    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
+        self.updates += 1
+        return {"policy_loss": 0.0, "update_seconds": 0.0}
 
-    def GetWeightVersion(self, request, context):  # type: ignore[no-untyped-def]
-        return policy_pb2.GetWeightVersionResponse(version=self.version)
+    def state(self) -> None:
+        return None
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def save_policy(self, directory: Path) -> None:
+        (directory / "config.json").write_text("{}")
+        save_file({"w": np.full((4,), float(self.updates), dtype=np.float32)}, str(directory / "model.safetensors"))
+
+    def close(self) -> None:
+        pass
 
 
-@contextlib.contextmanager
-def policy_replica(policy: RecordingPolicy) -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    policy_pb2_grpc.add_PolicyServicer_to_server(policy, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
+def publishing_loop(client: redis.Redis, out: Path, timeout: float = 60.0, **overrides: object) -> PPOLoop:
+    config = tiny_config(**{"fleet_poll_seconds": 0.01, **overrides})
+    return PPOLoop(config, client, _tasks(), StandInUpdater(), Checkpointer(out / "checkpoints", keep=10),  # type: ignore[arg-type]
+                   StepLog(out / "steps.jsonl"), WeightPublisher(client, timeout))
+
+
+def announced(client: redis.Redis) -> list[fleet.Announcement]:
+    return [fleet.Announcement.read(e, f) for e, f in client.xrange(fleet.WEIGHTS)]  # type: ignore[union-attr]
 
 
 def run_loop(loop: PPOLoop, meanwhile: Callable[[], None] | None = None) -> BaseException | None:
@@ -109,93 +114,94 @@ def test_status_reports_the_loop_state_over_grpc() -> None:
     assert r.last_mean_reward == 0.25 and r.checkpoint_path == "/ck/v000003"
 
 
-def test_each_update_is_published_to_every_replica_and_a_dead_one_does_not_stop_training(
-    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+def test_each_version_is_announced_once_with_its_checkpoint_and_digest(
+    redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """A replica that is down makes no rollouts and is sent the version when it is back: even with
-    max_failures 1 it does not stop the trainer (a refusing one does: the next test)."""
-    policy = RecordingPolicy()
-    dead = f"127.0.0.1:{free_port()}"
-    with policy_replica(policy) as live:
-        loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=2, max_updates=2)
-        loop.publisher = WeightPublisher([live, dead], timeout=5, max_failures=1)
-        produce(redis_client, [make_rollout(f"r{i}") for i in range(4)])
-        assert run_loop(loop) is None
-    assert [u.version for u in policy.updates] == [1, 2]
-    for update in policy.updates:
-        served = Path(update.checkpoint_path)
-        assert (served / "model.safetensors").exists() and not list(served.glob("*.pt"))
-    records = loop.steps.read()
-    assert [r["published"][live] for r in records] == ["ok", "ok"]
-    assert all(r["published"][dead].startswith("UNAVAILABLE") for r in records)
+    """The trainer needs no replica address: each version is announced in Redis after its checkpoint is on
+    disk, with the digest the replicas check what they read against (written once, at save)."""
+    loop = publishing_loop(redis_client, tmp_path, batch_size=2, max_updates=2)
+    produce(redis_client, [make_rollout(f"r{i}") for i in range(4)])
+    assert run_loop(loop) is None
+    versions = Checkpointer(tmp_path / "checkpoints").versions()
+    assert versions == [1, 2]
+    entries = announced(redis_client)
+    assert [a.version for a in entries] == [1, 2]
+    for a, version in zip(entries, versions, strict=True):
+        served = policy_dir(tmp_path / "checkpoints" / f"v{version:06d}")
+        assert a.path == str(served.resolve()) and a.sha256 == checkpoint_sha256(served)
+    assert entries[0].sha256 != entries[1].sha256
+    assert [r["announced"]["version"] for r in loop.steps.read()] == [1, 2]
+    assert fleet.latest(redis_client) == entries[-1]
 
 
-def test_a_replica_that_keeps_refusing_updates_stops_the_trainer_with_the_reason(
-    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """A policy that refuses the trainer's token would keep serving version 0 while the trainer trains
-    on, and every rollout would end up stale: the trainer stops after max_failures pushes instead."""
-    with policy_replica(RecordingPolicy(refuse=True)) as refusing:
-        loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=5)
-        loop.publisher = WeightPublisher([refusing], timeout=5, max_failures=2)
-        produce(redis_client, [make_rollout(f"r{i}") for i in range(5)])
-        raised = run_loop(loop)
+def test_a_restarted_trainer_announces_only_what_redis_lacks(redis_client: redis.Redis, tmp_path: Path) -> None:
+    """Restarted, the trainer announces nothing twice; with its announcement gone (the trainer died between
+    saving and announcing, or Redis lost it) it announces its latest checkpoint again."""
+    produce(redis_client, [make_rollout("r0")])
+    assert run_loop(publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)) is None
+    for _restart in range(3):
+        again = publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)
+        assert run_loop(again) is None and again.version == 1
+    assert [a.version for a in announced(redis_client)] == [1]
+    redis_client.delete(fleet.WEIGHTS)
+    assert run_loop(publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)) is None
+    (entry,) = announced(redis_client)
+    assert entry.version == 1 and entry.sha256 == Checkpointer(tmp_path / "checkpoints").policy_sha256(
+        tmp_path / "checkpoints" / "v000001")
+
+
+def test_a_trainer_behind_what_redis_announces_stops_before_training(redis_client: redis.Redis, tmp_path: Path) -> None:
+    """Another run's announcements (or lost checkpoints): the replicas would serve weights this trainer never
+    wrote, and refuse every version it announces below them."""
+    fleet.announce(redis_client, 5, "/elsewhere/v000005/policy", "ab" * 32)
+    produce(redis_client, [make_rollout("r0")])
+    loop = publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)
+    raised = run_loop(loop)
     assert isinstance(raised, PublishError), raised
-    message = str(raised)
-    assert f"policy replica {refusing} failed 2 weight updates in a row" in message
-    assert "UNAUTHENTICATED" in message and "RAGR1_CLIENT_TOKEN_FILE" in message
-    assert loop.version == 2  # two updates, both refused, then no more training
+    assert "Redis announces weights v5" in str(raised) and fleet.WEIGHTS in str(raised)
+    assert loop.version == 0 and not (tmp_path / "checkpoints").exists()
 
 
-def test_a_replica_that_restarted_at_version_0_is_sent_the_current_version_again(
-    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+def test_a_fleet_that_refuses_the_version_stops_the_trainer_with_the_reason(
+    redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """A policy replica restarted by its supervisor serves its starting weights as version 0: every rollout
-    it makes would be stale, no batch would come and the trainer would never push again. While collecting,
-    the loop finds it behind and pushes the current version."""
-    policy = RecordingPolicy()
+    """Every replica refused version 1 (its digest did not match what they read): no rollout will come, so the
+    trainer stops naming each replica's reason instead of waiting for good."""
 
-    def restart_after_the_first_update() -> None:
+    def replicas_refuse_version_1() -> None:
         deadline = time.monotonic() + 60
-        while policy.version < 1:
-            assert time.monotonic() < deadline, "the first update never reached the replica"
-            time.sleep(0.05)
-        policy.version = 0  # the replica restarted
-        while len(policy.updates) < 2:
-            assert time.monotonic() < deadline, "the restarted replica was never sent the current version"
-            time.sleep(0.05)
-        assert policy.version == 1
-        produce(redis_client, [make_rollout("r1")])  # only now: the second update follows the re-push
+        while (fleet.latest(redis_client) or fleet.Announcement(0, "", "")).version < 1:
+            assert time.monotonic() < deadline, "version 1 was never announced"
+            time.sleep(0.02)
+        for name in ("policy-0", "policy-1"):
+            fleet.report(redis_client, fleet.ReplicaReport(name, 0, fleet.REFUSED, 1, "its weights hash to sha256 00"),
+                         60)
 
-    with policy_replica(policy) as live:
-        loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=2,
-                         resync_seconds=0.01)
-        loop.publisher = WeightPublisher([live], timeout=5, max_failures=3)
-        produce(redis_client, [make_rollout("r0")])
-        assert run_loop(loop, restart_after_the_first_update) is None
-    assert [u.version for u in policy.updates] == [1, 1, 2]
-    assert policy.updates[1].checkpoint_path == policy.updates[0].checkpoint_path
+    loop = publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=3)
+    produce(redis_client, [make_rollout("r0")])
+    raised = run_loop(loop, replicas_refuse_version_1)
+    assert isinstance(raised, PublishError), raised
+    assert "every policy replica refused weights v1" in str(raised)
+    assert "policy-0 serves v0, refused v1: its weights hash to sha256 00" in str(raised)
+    assert loop.version == 1
 
 
-def test_a_restarted_trainer_sends_its_version_only_to_the_replicas_behind(
-    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+def test_a_fleet_that_never_loads_the_version_stops_the_trainer_after_the_timeout(
+    redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """At resume, a replica that serves the trainer's version already is left alone (the policy refuses a
-    version it serves, and counting that stopped a trainer restarted three times); one that restarted
-    meanwhile, back at version 0, gets it."""
-    policy = RecordingPolicy()
-    with policy_replica(policy) as live:
-        first = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=1)
-        first.publisher = WeightPublisher([live], timeout=5, max_failures=1)
-        produce(redis_client, [make_rollout("r0")])
-        assert run_loop(first) is None
-        for _restart in range(3):
-            again = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=1)
-            again.publisher = WeightPublisher([live], timeout=5, max_failures=1)
-            assert run_loop(again) is None and again.version == 1
-        assert [u.version for u in policy.updates] == [1]
-        policy.version = 0  # the replica restarted too
-        again = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=1, max_updates=1)
-        again.publisher = WeightPublisher([live], timeout=5, max_failures=1)
-        assert run_loop(again) is None
-    assert [u.version for u in policy.updates] == [1, 1] and policy.version == 1
+    """A replica that reports but stays behind (loading for good: a hung shared volume) stops the trainer once
+    weights_timeout_seconds have passed without any replica serving the announced version."""
+
+    def a_replica_stuck_loading() -> None:
+        deadline = time.monotonic() + 60
+        while (fleet.latest(redis_client) or fleet.Announcement(0, "", "")).version < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        fleet.report(redis_client, fleet.ReplicaReport("policy-0", 0, fleet.LOADING, 1), 60)
+
+    loop = publishing_loop(redis_client, tmp_path, timeout=0.5, batch_size=1, max_updates=3)
+    produce(redis_client, [make_rollout("r0")])
+    raised = run_loop(loop, a_replica_stuck_loading)
+    assert isinstance(raised, PublishError), raised
+    assert "no policy replica has served weights v1 for 0.5 s" in str(raised)
+    assert "policy-0 serves v0, loading v1" in str(raised)

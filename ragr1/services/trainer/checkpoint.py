@@ -1,9 +1,10 @@
 """Versioned checkpoints, written atomically.
 
 ``<root>/v000007/`` holds ``policy/``, the Hugging Face checkpoint the policy loads (config, safetensors,
-tokenizer: the only part pushed to the policy, so a replica never reads optimiser state),
-``trainer_state.pt`` (trainable weights, optimiser) and ``meta.json`` (version, step, and the id of
-every rollout trained on so far, which is how a restarted trainer knows what not to train again).
+tokenizer: the only part a replica reads, so it never reads optimiser state), ``trainer_state.pt``
+(trainable weights, optimiser) and ``meta.json`` (version, step, the digest of ``policy/``'s weights that the
+replicas check what they load against, and the id of every rollout trained on so far, which is how a
+restarted trainer knows what not to train again).
 Each version is written to a temporary directory in the same folder and renamed into place, so a
 reader (or a restarted trainer) only ever sees complete versions. torch is imported only to write or read
 trainer state: every ``ragr1`` command imports this module (the demo's settings), and should not pay for it.
@@ -19,10 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ragr1.services.common.hashing import checkpoint_sha256
+
 META = "meta.json"
 STATE = "trainer_state.pt"
 POLICY = "policy"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
+# meta.json's key for the digest of policy/'s weights.
+POLICY_SHA256 = "policy_sha256"
 
 
 def version_dir(root: Path, version: int) -> Path:
@@ -30,7 +35,7 @@ def version_dir(root: Path, version: int) -> Path:
 
 
 def policy_dir(version_path: Path) -> Path:
-    """The part of a version the policy loads (``Policy.UpdateWeights``, ``--model``)."""
+    """The part of a version the policy loads (announced to the replicas, or ``--model``)."""
     return Path(version_path) / POLICY
 
 
@@ -72,17 +77,26 @@ class Checkpointer:
         try:
             policy_dir(tmp).mkdir()
             write_policy(policy_dir(tmp))
+            # Hashed once here, while the files just written are in the page cache: every replica checks
+            # what it reads against it, and a restarted trainer announces it without reading them again.
+            digest = checkpoint_sha256(policy_dir(tmp))
             if trainer_state is not None:
                 import torch
 
                 torch.save(trainer_state, tmp / STATE)
-            (tmp / META).write_text(json.dumps({**meta, "version": version}))
+            (tmp / META).write_text(json.dumps({**meta, "version": version, POLICY_SHA256: digest}))
             tmp.rename(target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self._prune()
         return target
+
+    def policy_sha256(self, path: Path) -> str:
+        """The digest of the version's policy weights: from its meta.json, or computed for a checkpoint
+        written before the digest was recorded there."""
+        meta = json.loads((Path(path) / META).read_text())
+        return str(meta.get(POLICY_SHA256) or checkpoint_sha256(policy_dir(path)))
 
     def load_state(self, path: Path) -> dict[str, Any] | None:
         import torch

@@ -257,20 +257,18 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
     start_version: int = setting(0, "version the policy serves the starting weights as (1 after a pushed SFT)")
     poll_ms: int = setting(1000, "longest wait for rollouts per read")
-    resync_seconds: float = setting(
-        10.0,
-        "how often, while collecting, the policy replicas are asked for their version and one back at its "
-        "starting weights (restarted) is sent the current one",
+    fleet_poll_seconds: float = setting(
+        5.0,
+        "how often, while collecting, the policy replicas' reports are read from Redis (the fleet metrics, and "
+        "the check of weights_timeout_seconds)",
     )
     trim_streams: bool = setting(
         True, "after each update, delete the prompts and rollouts every group is done with (Redis stays bounded)"
     )
-    policy_replicas: list[str] = setting(
-        list, "host:port of every policy replica to send UpdateWeights", factory=True
-    )
-    update_timeout_seconds: float = setting(120.0, "deadline of each UpdateWeights call")
-    max_failed_pushes: int = setting(
-        3, "stop with an error once a policy replica has refused this many weight versions in a row"
+    weights_timeout_seconds: float = setting(
+        600.0,
+        "stop with an error when policy replicas report in Redis but none has served the newest announced "
+        "weight version for this long (every replica refusing it stops the trainer at once)",
     )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
 
@@ -281,8 +279,9 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
             ("batch_size", 1), ("samples_per_prompt", 1), ("num_workers", 1), ("max_staleness", 0),
             ("max_uniform_groups", 0),
         ))
-        if self.resync_seconds <= 0:
-            raise ValueError(f"resync_seconds must be positive, got {self.resync_seconds}")
+        for name in ("fleet_poll_seconds", "weights_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.batch_size % self.mini_batch_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"

@@ -10,7 +10,7 @@ sharded worker's loss by the number of workers. (A divide factor of 1 would say 
 pre-multiplied sum is an operation gloo does not have.)
 
 Sharded parameters are ``DTensor``s. Whatever leaves the trainer (trainable state, optimiser state,
-the pushed weights) is gathered into plain CPU tensors with ``full``, a collective every worker joins;
+the published weights) is gathered into plain CPU tensors with ``full``, a collective every worker joins;
 what comes in is scattered with ``distribute_like``. With LoRA, the actor and the critic shard their
 own copies of the frozen base (one process shares one copy between them).
 """

@@ -104,11 +104,14 @@ QUEUE_DEPTH = Gauge(
     "ragr1_trainer_queue_depth", "Entries in a stream not yet acknowledged by its group.", ["stream"]
 )
 POLICY_VERSION = Gauge("ragr1_trainer_policy_version", "Latest weight version checkpointed.")
-WEIGHT_UPDATE_SECONDS = Histogram(
-    "ragr1_trainer_weight_update_seconds",
-    "UpdateWeights call to one policy replica.",
-    buckets=LATENCY_BUCKETS,
+FLEET_REPLICAS = Gauge(
+    "ragr1_trainer_fleet_replicas",
+    "Policy replicas reporting in Redis, by the weight version they serve and their state (starting, loading, "
+    "serving, refused).",
+    ["version", "state"],
 )
-WEIGHT_UPDATE_FAILURES = Counter(
-    "ragr1_trainer_weight_update_failures_total", "UpdateWeights calls that failed, by status code.", ["code"]
+FLEET_OLDEST_VERSION = Gauge(
+    "ragr1_trainer_fleet_oldest_version",
+    "Oldest weight version a replica taking prompts serves (serving, or loading the next): the version the "
+    "stalest new rollouts carry; NaN while no replica takes prompts.",
 )

@@ -1,145 +1,112 @@
-"""Sends each new weight version to every configured policy replica (``Policy.UpdateWeights``)."""
+"""Publishes each new weight version to the policy replicas through Redis, and watches them follow.
+
+The trainer does not know the replicas: it announces each version once (``common.fleet``: version,
+checkpoint directory, digest), and every replica, however many there are and whenever it starts, loads the
+newest announced version itself. What the trainer sees of the fleet is what the replicas report (their
+version and state); it exports it as metrics and stops when the fleet cannot follow (see
+``WeightPublisher.watch``).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-import grpc
+import redis
 
-from ragr1.errors import ServiceCallError
-from ragr1.services.common.client import TOKEN_ENV, ChannelOptions
-from ragr1.services.policy.client import PolicyClient
+from ragr1.services.common import fleet
 from ragr1.services.trainer import metrics
-from ragr1.v1 import policy_pb2
 
 log = logging.getLogger(__name__)
 
-# Codes no retry can cure: the trainer's configuration (token, certificate) does not match the policy's.
-_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-# A replica down, too slow, refusing the token, or refusing the checkpoint.
-_WATCHED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAUTHENTICATED,
-            grpc.StatusCode.FAILED_PRECONDITION)
-
 
 class PublishError(RuntimeError):
-    """A replica kept refusing weight versions: training on would only produce stale rollouts."""
+    """The replicas do not follow the trainer's versions (every one refused the newest, or none loaded it in
+    time), or Redis announces versions this trainer never wrote: training on would only waste the update."""
 
 
-def _hint(code: grpc.StatusCode | None) -> str:
-    if code in _REFUSED:
-        return f" (set {TOKEN_ENV} in the trainer to a file holding the token of the policy's --auth-token-file)"
-    return ""
+def export(reports: list[fleet.ReplicaReport]) -> None:
+    """The fleet as the trainer's gauges: replicas by version and state, and the oldest version generating."""
+    metrics.FLEET_REPLICAS.clear()  # versions no replica serves any more leave, instead of staying at 0
+    for (version, state), count in Counter((r.version, r.state) for r in reports).items():
+        metrics.FLEET_REPLICAS.labels(str(version), state).set(count)
+    generating = [r.version for r in reports if r.generating]
+    metrics.FLEET_OLDEST_VERSION.set(min(generating) if generating else math.nan)
 
 
 class WeightPublisher:
-    """One client per replica, opened once. A replica that fails is logged and counted and the others
-    still get the version; training goes on (the version travels in the rollouts, so a replica that
-    lags produces rollouts the trainer sees as stale) until one replica has refused ``max_failures``
-    pushes in a row: then ``publish`` raises ``PublishError``, so that a trainer whose versions never
-    arrive stops with the reason instead of training on while the policy serves old weights.
+    """Announces versions and watches the fleet. ``timeout``: how long live replicas may go on without one
+    of them serving the newest announced version before the trainer stops (``watch``)."""
 
-    A replica that is down (UNAVAILABLE: restarting, its pod rescheduled) is not counted: it makes no
-    rollouts meanwhile, the others go on, and ``sync`` sends it the current version once it is back.
-    Counting it would stop the trainer whenever a replica's restart outlasts ``max_failures`` updates,
-    though no replica refused anything."""
-
-    def __init__(
-        self,
-        replicas: Sequence[str],
-        timeout: float,
-        options: ChannelOptions | None = None,
-        max_failures: int = 3,
-    ) -> None:
-        if max_failures < 1:
-            raise ValueError(f"max_failures must be at least 1, got {max_failures}")
+    def __init__(self, client: redis.Redis, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.redis = client
         self.timeout = timeout
-        self.max_failures = max_failures
-        self._clients = {target: PolicyClient(target, options, timeout=timeout) for target in replicas}
-        self._failures = dict.fromkeys(self._clients, 0)
-        # The failures an operator acts on exist as series from the start (at 0), so that a dashboard
-        # shows "none" rather than "no data".
-        for code in _WATCHED:
-            metrics.WEIGHT_UPDATE_FAILURES.labels(code.name)
+        self.clock = clock
+        self.announced = 0  # the newest version in Redis, as this trainer last wrote or read it
+        self._behind_since: float | None = None
+        self._warned: set[tuple[str, int]] = set()
 
-    def check(self, timeout: float = 10.0) -> None:
-        """Asks every replica for its version, so that a refused token stops the trainer at start,
-        before any training. A replica that does not answer yet is only logged."""
-        for target, client in self._clients.items():
-            try:
-                client.weight_version(timeout=timeout)
-            except ServiceCallError as exc:
-                if exc.code in _REFUSED:
-                    raise PublishError(
-                        f"policy replica {target} refuses the trainer: {exc.code.name}: {exc.message}"
-                        + _hint(exc.code)
-                    ) from exc
-                log.warning("policy replica %s not reachable yet: %s", target, exc.message)
-
-    def publish(self, version: int, checkpoint: Path) -> dict[str, str]:
-        """Returns replica -> "ok" or the error; raises ``PublishError`` at the bound (see the class),
-        after every replica was tried."""
-        results = {}
+    def publish(self, version: int, checkpoint: Path, sha256: str) -> dict[str, object]:
+        """Announces ``version`` (once: asked again, nothing is written); returns what was announced."""
         path = str(Path(checkpoint).resolve())
-        exhausted: list[str] = []
-        for target in self._clients:
-            failure = self._push(target, version, path)
-            if failure is None:
-                results[target] = "ok"
-                self._failures[target] = 0
-                continue
-            code, error = failure
-            results[target] = error
-            if code == grpc.StatusCode.UNAVAILABLE:
-                log.warning("UpdateWeights v%d: replica %s is down (%s); it gets the version when it is back",
-                            version, target, error)
-                continue
-            self._failures[target] += 1
-            log.warning("UpdateWeights v%d on %s failed (%d in a row): %s",
-                        version, target, self._failures[target], error)
-            if self._failures[target] >= self.max_failures:
-                exhausted.append(
-                    f"policy replica {target} failed {self._failures[target]} weight updates in a row, "
-                    f"the last (v{version}) with {error}"
-                )
-        if exhausted:
-            raise PublishError("; ".join(exhausted))
-        return results
+        if fleet.announce(self.redis, version, path, sha256):
+            log.info("weights v%d announced: %s (sha256 %s)", version, path, sha256[:12])
+        self.announced = max(self.announced, version)
+        self._behind_since = None
+        return {"version": version, "path": path, "sha256": sha256}
 
-    def sync(self, version: int, checkpoint: Path) -> dict[str, str]:
-        """Pushes ``version`` again to every replica that serves an older one: a replica that restarted
-        came back with its starting weights (version 0), and every rollout it made would be too stale to
-        train on while the trainer, getting no batch, would never push again. Replicas that do not answer
-        (still starting) are left for the next call; nothing here counts towards ``max_failures``.
-        Returns replica -> "ok" or the error, for the replicas it pushed to."""
-        results = {}
-        for target, client in self._clients.items():
-            try:
-                served = client.weight_version(timeout=min(self.timeout, 5.0)).version
-            except ServiceCallError:
-                continue
-            if served >= version:
-                continue
-            log.warning("policy replica %s serves v%d, the trainer is at v%d: pushing v%d again",
-                        target, served, version, version)
-            failure = self._push(target, version, str(Path(checkpoint).resolve()))
-            results[target] = failure[1] if failure else "ok"
-        return results
+    def resume(self, version: int, checkpoint: Path | None, sha256: str = "") -> None:
+        """At the trainer's start, at ``version`` (its latest checkpoint's, None without one): announces the
+        checkpoint if Redis lacks it (the trainer died between saving and announcing, or Redis lost it).
+        Raises ``PublishError`` when Redis announces a newer version, or this one with other weights: the
+        announcements of another run on the same Redis, or checkpoints lost; replicas would serve weights
+        this trainer never wrote."""
+        current = fleet.latest(self.redis)
+        if current is not None and (current.version > version or (
+                current.version == version and checkpoint is not None and current.sha256 != sha256)):
+            raise PublishError(
+                f"Redis announces weights v{current.version} ({current.path}, sha256 {current.sha256[:12]}) but "
+                f"this trainer resumes at v{version} from {checkpoint or 'its starting model'}"
+                + (f" (sha256 {sha256[:12]})" if checkpoint is not None else "")
+                + f": another run's announcements or lost checkpoints; to start a new run on this Redis, delete "
+                f"its key {fleet.WEIGHTS} (and the run's streams)"
+            )
+        if checkpoint is not None:
+            self.publish(version, checkpoint, sha256)
+        elif current is not None:
+            self.announced = current.version
 
-    def _push(self, target: str, version: int, path: str) -> tuple[grpc.StatusCode, str] | None:
-        """One UpdateWeights call; None, or the failure's code and text (code: details, with a hint)."""
-        start = time.perf_counter()
-        try:
-            self._clients[target].update_weights(version, path, policy_pb2.IN_FLIGHT_POLICY_FINISH)
-            return None
-        except ServiceCallError as exc:
-            metrics.WEIGHT_UPDATE_FAILURES.labels(exc.code.name).inc()
-            return exc.code, f"{exc.code.name}: {exc.message}{_hint(exc.code)}"
-        finally:
-            metrics.WEIGHT_UPDATE_SECONDS.observe(time.perf_counter() - start)
-
-    def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
+    def watch(self) -> list[fleet.ReplicaReport]:
+        """Reads the replicas' reports, exports them and checks that the fleet follows the newest announced
+        version. Raises ``PublishError`` naming each replica's state when live replicas exist and either every
+        one refused that version, or none has served it for ``timeout`` seconds. A fleet with no replica
+        (scaled to zero, every replica restarting) stops nothing: a replica that starts loads the version
+        itself. Returns the reports."""
+        reports = fleet.replicas(self.redis)
+        export(reports)
+        for r in reports:
+            if r.state == fleet.REFUSED and (r.name, r.target) not in self._warned:
+                self._warned.add((r.name, r.target))
+                log.warning("policy replica %s refused weights v%d: %s", r.name, r.target, r.reason)
+        target = self.announced
+        if not reports or target == 0 or any(r.version >= target for r in reports):
+            self._behind_since = None
+            return reports
+        described = "; ".join(r.describe() for r in reports)
+        if all(r.state == fleet.REFUSED and r.target >= target for r in reports):
+            raise PublishError(f"every policy replica refused weights v{target}: {described}")
+        now = self.clock()
+        if self._behind_since is None:
+            self._behind_since = now
+        elif now - self._behind_since >= self.timeout:
+            raise PublishError(
+                f"no policy replica has served weights v{target} for {self.timeout:g} s after it was announced "
+                f"while {len(reports)} reported (weights_timeout_seconds): {described}"
+            )
+        return reports

@@ -13,7 +13,7 @@ or ``all_reduce`` for whole copies; gloo on CPUs, NCCL with one GPU a worker); e
 divided by the mini-batch's token count, so each step is the one a single process would take.
 
 The driver keeps a CPU copy of the trainable state (``RayUpdater.local``), refreshed after every
-update, from which checkpoints and pushed weights are written: the same files as one process writes.
+update, from which checkpoints and published weights are written: the same files as one process writes.
 On a cluster the driver and the workers share nothing but Ray: a LoRA state is megabytes; a fully
 fine-tuned 7B state (weights and AdamW moments, ~85 GB) should instead be written by the workers to
 shared storage (bench/trainer_gpu_sizing.py sizes it), which is not built.

@@ -39,8 +39,8 @@ def place(config: PPOConfig) -> Callable[[], Updater]:
 
 
 def build_loop(config: PPOConfig, status: TrainerStatus | None = None) -> PPOLoop:
-    """Everything checked before any training: the device, the prompts file, Redis, that the policy
-    replicas take the trainer's credentials (before the model loads: a refusal costs seconds), the model."""
+    """Everything checked before any training: the device, the prompts file, Redis, the model. The policy
+    replicas are not asked for anything: they follow the versions announced in Redis."""
     build_updater = place(config)
     if config.max_updates == 0 and (config.actor_warmup_ratio > 0 or config.critic_warmup_ratio > 0):
         log.warning("max_updates is 0 (train until stopped): the learning rates start at full, without warm-up")
@@ -49,12 +49,6 @@ def build_loop(config: PPOConfig, status: TrainerStatus | None = None) -> PPOLoo
     client = config.redis_client()
     client.ping()
     out = Path(config.output_dir)
-    publisher = None
-    if config.policy_replicas:
-        publisher = WeightPublisher(
-            config.policy_replicas, config.update_timeout_seconds, max_failures=config.max_failed_pushes
-        )
-        publisher.check()
     return PPOLoop(
         config,
         client,
@@ -62,7 +56,7 @@ def build_loop(config: PPOConfig, status: TrainerStatus | None = None) -> PPOLoo
         build_updater(),
         Checkpointer(out / "checkpoints", config.keep_checkpoints),
         StepLog(out / "steps.jsonl"),
-        publisher,
+        WeightPublisher(client, config.weights_timeout_seconds),
         status,
     )
 
@@ -83,7 +77,7 @@ async def build_server(config: PPOConfig) -> GrpcServer:
             raise
         log.info("trainer stopped at version %d", version)
 
-    # On SIGTERM the update in hand finishes and is checkpointed and pushed: it can take minutes.
+    # On SIGTERM the update in hand finishes and is checkpointed and announced: it can take minutes.
     server.beside(train, "the training loop", stop=loop.stop_event.set)
 
     async def close() -> None:
@@ -94,10 +88,6 @@ async def build_server(config: PPOConfig) -> GrpcServer:
 
 
 async def serve(config: PPOConfig) -> int:
-    """Trains until ``max_updates``; returns the exit code (1 when weights could not reach the policy)."""
-    try:
-        server = await build_server(config)
-    except PublishError as exc:
-        log.error("trainer stopped before training: %s", exc)
-        return 1
+    """Trains until ``max_updates``; returns the exit code (1 when the policy replicas do not follow)."""
+    server = await build_server(config)
     return await server.serve()

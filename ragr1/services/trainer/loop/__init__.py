@@ -1,4 +1,4 @@
-"""The PPO loop around the queue: feed prompts, collect rollouts, update, checkpoint, acknowledge, publish.
+"""The PPO loop around the queue: feed prompts, collect rollouts, update, checkpoint, acknowledge, announce.
 
 Guarantees, and how:
 
@@ -26,14 +26,18 @@ Guarantees, and how:
   (most of a batch when rollouts overlap updates; the updater keeps the weights before its last
   update), the trainer's log-probs under the weights that sampled them must equal the ones vLLM
   recorded; a gap above ``logprob_gap_threshold`` is reported as a probable weight-sync failure (the
-  policy serves other weights than the trainer pushed).
+  policy serves other weights than the trainer published).
 - **Training-health alarms** (``health``): after each update, the likelihood change of the rollouts it
   reinforced, the entropy, the KL and the weight-sync gap are checked against their thresholds; an
   alarm that fires is logged with its name and the update, and counted.
-- **A restarted replica is brought back.** A policy replica that restarted serves its starting weights as
-  version 0, so every rollout it makes would be dropped as stale and no batch would come for the next
-  push: while collecting, the loop asks the replicas for their version every ``resync_seconds`` and
-  pushes the current one to any that is behind.
+- **Replicas find the weights themselves.** Each version is announced once in Redis after its checkpoint
+  is on disk (``publisher``); a replica that starts, restarts or joins loads the newest announced version
+  before it takes a prompt, so the trainer needs no list of replicas. A trainer restarted between a save
+  and its announcement announces at resume.
+- **A fleet that cannot follow stops the trainer.** While collecting, the loop reads the replicas' reports
+  every ``fleet_poll_seconds`` (the fleet metrics) and stops with each replica's state when every live
+  replica refused the newest version or none has served it for ``weights_timeout_seconds``; otherwise
+  the trainer would wait for rollouts that never come. A fleet with no replica stops nothing.
 - **A bounded Redis.** After each update the loop deletes the prompts and rollouts that every consumer
   group is done with (``trim_streams``); what is pending or not yet delivered stays, and so do the
   dead letters and the done keys (7 days).

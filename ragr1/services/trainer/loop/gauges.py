@@ -72,7 +72,7 @@ def export(record: Mapping[str, Any]) -> None:
 
 def report(fired: Sequence[Fired], record: Mapping[str, Any]) -> None:
     """Each alarm that fired, in the log (naming it and the update) and in the metrics. A weight-sync
-    failure is an error: the policy probably serves other weights than the trainer pushed."""
+    failure is an error: the policy probably serves other weights than the trainer published."""
     for f in fired:
         alarm = f.alarm
         metrics.HEALTH_ALARMS.labels(alarm.name).inc()

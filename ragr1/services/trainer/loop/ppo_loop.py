@@ -1,10 +1,11 @@
 """The loop itself: resume from the latest checkpoint, collect a batch, update, checkpoint, acknowledge,
-publish; the guarantees it keeps are in the package's docstring (``ragr1.services.trainer.loop``)."""
+announce; the guarantees it keeps are in the package's docstring (``ragr1.services.trainer.loop``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -44,9 +45,13 @@ class Updater(Protocol):
 
 
 class Publisher(Protocol):
-    def publish(self, version: int, checkpoint: Path) -> dict[str, str]: ...
+    """``publisher.WeightPublisher``: versions announced to the replicas, and the fleet watched."""
 
-    def sync(self, version: int, checkpoint: Path) -> dict[str, str]: ...
+    def publish(self, version: int, checkpoint: Path, sha256: str) -> dict[str, object]: ...
+
+    def resume(self, version: int, checkpoint: Path | None, sha256: str = "") -> None: ...
+
+    def watch(self) -> Any: ...
 
 
 @dataclasses.dataclass
@@ -144,7 +149,7 @@ class PPOLoop:
         self.groups = GroupBuffer(config, self.admission.settle)
         self._warned_top_p = False
         self._queue_seconds = 0.0
-        self._synced_at = time.monotonic()
+        self._watched_at = -math.inf
         self.health = HealthMonitor(config)
         self.health.export_metrics()
 
@@ -153,6 +158,8 @@ class PPOLoop:
         """Loads the latest checkpoint (weights, optimiser, trained ids), if any."""
         latest = self.checkpoints.latest()
         if latest is None:
+            if self.publisher is not None:
+                self.publisher.resume(self.version, None)
             return
         path, meta = latest
         state = self.checkpoints.load_state(path)
@@ -168,10 +175,8 @@ class PPOLoop:
         metrics.POLICY_VERSION.set(self.version)
         log.info("resumed from %s: version %d, %d rollouts trained", path, self.version, len(self.trained))
         if self.publisher is not None:
-            # Replicas may have missed the last version when the trainer died (or restarted since, back at
-            # version 0): those behind get it. The others refuse a version they serve already, which
-            # ``publish`` would count towards stopping, so a trainer restarted three times stopped.
-            self.publisher.sync(self.version, policy_dir(path))
+            # The trainer may have died between saving this version and announcing it.
+            self.publisher.resume(self.version, policy_dir(path), self.checkpoints.policy_sha256(path))
 
     # -- rollouts -------------------------------------------------------------------------------
     def _validate(self, rollout: common_pb2.Rollout) -> str | None:
@@ -206,19 +211,18 @@ class PPOLoop:
             fresh = self.rollouts.consume(wanted, block_ms=c.poll_ms)
             self._admit(fresh)
             self.groups.skip_uniform()
-            self._resync()
+            self._watch()
             self._queue_seconds += time.perf_counter() - start
             metrics.QUEUE_DEPTH.labels(PROMPTS).set(self.prompts.depth())
             metrics.QUEUE_DEPTH.labels(ROLLOUTS).set(self.rollouts.pending())
 
-    def _resync(self) -> None:
-        """Every ``resync_seconds``: the current version to the replicas that serve an older one."""
-        if self.publisher is None or not self.status.checkpoint_path:
+    def _watch(self) -> None:
+        """Every ``fleet_poll_seconds``: the replicas' reports read, exported and checked (``Publisher.watch``
+        raises when they do not follow)."""
+        if self.publisher is None or time.monotonic() - self._watched_at < self.config.fleet_poll_seconds:
             return
-        if time.monotonic() - self._synced_at < self.config.resync_seconds:
-            return
-        self._synced_at = time.monotonic()
-        self.publisher.sync(self.version, Path(self.status.checkpoint_path))
+        self._watched_at = time.monotonic()
+        self.publisher.watch()
 
     # -- one update -----------------------------------------------------------------------------
     def train_batch(self) -> dict[str, Any]:
@@ -245,9 +249,8 @@ class PPOLoop:
         self.version = new_version
         self.trained.update(ids)
         self.trained_order += ids
-        pushing = time.perf_counter()
-        published = self.publisher.publish(new_version, served) if self.publisher is not None else {}
-        push_seconds = time.perf_counter() - pushing
+        announced = (self.publisher.publish(new_version, served, self.checkpoints.policy_sha256(path))
+                     if self.publisher is not None else {})
         gauges.observe_ages([d.entry_id for d in batch], time.time())
         record = step_record(
             new_version,
@@ -259,8 +262,7 @@ class PPOLoop:
             queue_seconds=self._queue_seconds,
             checkpoint=served,
             save_seconds=save_seconds,
-            push_seconds=push_seconds,
-            published=published,
+            announced=announced,
         )
         fired = self.health.check(record)
         record["alarms"] = [f.alarm.name for f in fired]
@@ -305,7 +307,7 @@ class PPOLoop:
                 record = self.train_batch()
                 log.info(
                     "update %d: reward %.3f, entropy %.3f, likelihood change %s, clip fraction %.3f, log-prob gap "
-                    "%s, %.0f tokens/s; weights %.1f MB saved in %.1f s, pushed in %.1f s",
+                    "%s, %.0f tokens/s; weights %.1f MB saved and hashed in %.1f s",
                     record["version"],
                     record["reward_total"],
                     record.get("entropy", 0.0),
@@ -313,9 +315,8 @@ class PPOLoop:
                     record.get("clip_fraction", 0.0),
                     f"{record['logprob_gap']:.4f}" if "logprob_gap" in record else "n/a",
                     record.get("tokens_per_second", 0.0),
-                    record["push_bytes"] / 1e6,
+                    record["weights_bytes"] / 1e6,
                     record["save_seconds"],
-                    record["push_seconds"],
                 )
         if updates > 0 and self.version >= limit:
             self.admission.drop_untaken_prompts()

@@ -1,6 +1,6 @@
 """Each update's step record (a line of ``steps.jsonl``, the source of the curves and the metrics): the
 updater's statistics with the batch's rewards, group signal, staleness, lengths and what the update cost
-in queue work, checkpoint and push."""
+in queue work and checkpoint."""
 
 from __future__ import annotations
 
@@ -97,13 +97,13 @@ def step_record(
     queue_seconds: float,
     checkpoint: Path,
     save_seconds: float,
-    push_seconds: float,
-    published: dict[str, str],
+    announced: Mapping[str, object],
 ) -> dict[str, Any]:
     """The record of the update to ``version`` that trained ``rollouts`` and returned ``stats``.
     ``groups``: each rollout's group, or None with one sample per prompt (no groups to compare);
     ``staleness``: each rollout's versions behind the trainer when trained; ``skipped``: the groups dynamic
-    sampling skipped for this update; ``checkpoint``: the policy's weights as the replicas load them."""
+    sampling skipped for this update; ``checkpoint``: the policy's weights as the replicas load them;
+    ``announced``: the version as announced to them (empty without a publisher)."""
     record: dict[str, Any] = {
         "step": version,
         "version": version,
@@ -120,12 +120,11 @@ def step_record(
             "queue_seconds": queue_seconds,
             "queue_share": queue_seconds / max(1e-9, queue_seconds + stats.get("update_seconds", 0.0)),
             "checkpoint": str(checkpoint),
-            # What each update costs in weights: written once to the checkpoint volume, then loaded
-            # by every replica (push_seconds waits for them all).
-            "push_bytes": size_bytes(checkpoint),
+            # What each update costs in weights: written and hashed once to the checkpoint volume, then
+            # read by every replica.
+            "weights_bytes": size_bytes(checkpoint),
             "save_seconds": save_seconds,
-            "push_seconds": push_seconds,
-            "published": published,
+            "announced": dict(announced),
             **sampled(rollouts, skipped),
             **lengths(rollouts),
         }

@@ -1,0 +1,131 @@
+"""The trainer's view of the fleet (``publisher.WeightPublisher``) on a real Redis: the gauges, and when the
+trainer stops because the replicas do not follow. The loop around it: tests/trainer/test_server.py."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+
+from ragr1.services.common import fleet
+from ragr1.services.trainer.publisher import PublishError, WeightPublisher
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replicas_gauge(version: int, state: str) -> float | None:
+    return REGISTRY.get_sample_value("ragr1_trainer_fleet_replicas", {"version": str(version), "state": state})
+
+
+def oldest() -> float | None:
+    return REGISTRY.get_sample_value("ragr1_trainer_fleet_oldest_version")
+
+
+def report(client: redis.Redis, name: str, version: int, state: str = fleet.SERVING, target: int = 0,
+           reason: str = "", ttl: float = 60) -> None:
+    fleet.report(client, fleet.ReplicaReport(name, version, state, target, reason), ttl)
+
+
+def test_the_fleet_gauges_count_replicas_by_version_and_state(redis_client: redis.Redis, tmp_path: Path) -> None:
+    publisher = WeightPublisher(redis_client, timeout=60)
+    publisher.publish(3, tmp_path, "a" * 64)
+    report(redis_client, "policy-0", 3)
+    report(redis_client, "policy-1", 3)
+    report(redis_client, "policy-2", 2, fleet.LOADING, target=3)
+    report(redis_client, "policy-3", 1, fleet.REFUSED, target=2, reason="digest")
+    publisher.watch()
+    assert replicas_gauge(3, fleet.SERVING) == 2
+    assert replicas_gauge(2, fleet.LOADING) == 1 and replicas_gauge(1, fleet.REFUSED) == 1
+    assert oldest() == 2  # the refused replica takes no prompts: it generates nothing
+    # A version no replica serves any more leaves the gauge instead of staying at 0.
+    fleet.withdraw(redis_client, "policy-3")
+    report(redis_client, "policy-2", 3)
+    publisher.watch()
+    assert replicas_gauge(3, fleet.SERVING) == 3 and replicas_gauge(2, fleet.LOADING) is None
+    assert replicas_gauge(1, fleet.REFUSED) is None and oldest() == 3
+
+
+def test_replicas_whose_heartbeats_stopped_leave_the_gauges(redis_client: redis.Redis, tmp_path: Path) -> None:
+    import time
+
+    publisher = WeightPublisher(redis_client, timeout=60)
+    report(redis_client, "policy-0", 0, ttl=0.2)
+    publisher.watch()
+    assert replicas_gauge(0, fleet.SERVING) == 1 and oldest() == 0
+    time.sleep(0.4)
+    assert publisher.watch() == []
+    assert replicas_gauge(0, fleet.SERVING) is None and math.isnan(oldest())  # type: ignore[arg-type]
+
+
+def test_every_live_replica_refusing_the_version_stops_the_trainer_at_once(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    publisher = WeightPublisher(redis_client, timeout=3600)
+    publisher.publish(2, tmp_path, "a" * 64)
+    report(redis_client, "policy-0", 1, fleet.REFUSED, target=2, reason="its weights hash to sha256 00")
+    report(redis_client, "policy-1", 2)
+    publisher.watch()  # one replica serves v2: training goes on without the other
+    fleet.withdraw(redis_client, "policy-1")
+    with pytest.raises(PublishError, match="every policy replica refused weights v2: policy-0 serves v1, refused v2: "
+                                           "its weights hash to sha256 00"):
+        publisher.watch()
+
+
+def test_a_fleet_behind_for_the_timeout_stops_the_trainer_and_an_empty_one_never(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    clock = Clock()
+    publisher = WeightPublisher(redis_client, timeout=100, clock=clock)
+    publisher.watch()  # nothing announced, no replica
+    publisher.publish(4, tmp_path, "a" * 64)
+    for clock.now in (0.0, 1000.0, 5000.0):  # scaled to zero: a replica that starts loads v4 itself
+        publisher.watch()
+    report(redis_client, "policy-0", 3, fleet.LOADING, target=4)
+    clock.now = 6000.0
+    publisher.watch()  # behind from now on
+    clock.now = 6099.0
+    publisher.watch()
+    report(redis_client, "policy-1", 4)  # one replica caught up: the wait starts again when none is
+    clock.now = 6200.0
+    publisher.watch()
+    fleet.withdraw(redis_client, "policy-1")
+    clock.now = 6250.0
+    publisher.watch()
+    clock.now = 6349.0
+    publisher.watch()
+    clock.now = 6350.0
+    with pytest.raises(PublishError, match=r"no policy replica has served weights v4 for 100 s .*"
+                                           r"policy-0 serves v3, loading v4"):
+        publisher.watch()
+    # A new version gives the fleet its own time.
+    publisher.publish(5, tmp_path, "b" * 64)
+    publisher.watch()
+
+
+def test_resume_announces_a_checkpoint_redis_lacks_and_refuses_newer_announcements(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    publisher = WeightPublisher(redis_client, timeout=60)
+    publisher.resume(0, None)  # a fresh run: nothing to announce
+    assert fleet.latest(redis_client) is None
+    publisher.resume(3, tmp_path, "a" * 64)
+    announced = fleet.latest(redis_client)
+    assert announced is not None and (announced.version, announced.path) == (3, str(tmp_path.resolve()))
+    publisher.resume(3, tmp_path, "a" * 64)  # announced already: nothing written
+    assert redis_client.xlen(fleet.WEIGHTS) == 1
+    with pytest.raises(PublishError, match=r"Redis announces weights v3 .* this trainer resumes at v3 .*sha256 bbbb"):
+        WeightPublisher(redis_client, timeout=60).resume(3, tmp_path, "b" * 64)
+    with pytest.raises(PublishError, match="resumes at v2 from"):
+        WeightPublisher(redis_client, timeout=60).resume(2, tmp_path, "a" * 64)
+    later = WeightPublisher(redis_client, timeout=60)
+    later.resume(3, None)  # started at version 3 without a checkpoint of its own: follows what is announced
+    assert later.announced == 3
