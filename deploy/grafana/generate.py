@@ -59,6 +59,22 @@ def threshold(alarm: str) -> str:
     return f'max(ragr1_trainer_alarm_threshold{{alarm="{alarm}"}})'
 
 
+# The fleet as the trainer reads it from the replicas' reports in Redis (ragr1/services/common/fleet.py).
+FLEET_BY_VERSION = Panel(
+    "Policy replicas by weight version", [("sum by (version) (ragr1_trainer_fleet_replicas)", "v{{version}}")],
+    description="Replicas reporting in Redis, by the version they serve (the trainer's view). Replicas join and "
+                "leave as they start and stop; each loads the newest announced version before it takes a prompt.")
+FLEET_BY_STATE = Panel(
+    "Policy replicas by state", [("sum by (state) (ragr1_trainer_fleet_replicas)", "{{state}}")],
+    description="starting, loading (a newer version on its way in), serving, refused (the newest version could "
+                "not be loaded: the replica takes no prompts and reports NOT_SERVING; its log says why).")
+FLEET_VERSIONS = Panel(
+    "Weight version announced and oldest still generating",
+    [("ragr1_trainer_policy_version", "announced (trainer)"),
+     ("ragr1_trainer_fleet_oldest_version", "oldest generating (replicas)")],
+    description="The gap is how far behind the stalest new rollouts start; beyond max_staleness they are dropped.")
+
+
 def latency(title: str, histogram: str, by: str = "", legend: str = "", description: str = "",
             width: int = 12) -> Panel:
     tag = f"{legend} " if legend else ""
@@ -181,6 +197,7 @@ POLICY = Dashboard(
                   [(quantile(0.99, "ragr1_policy_weight_update_seconds"), "p99 update"),
                    (rate("ragr1_policy_weight_update_failures_total"), "failures/s")], unit="s"),
         ]),
+        ("Fleet", [FLEET_BY_VERSION, FLEET_BY_STATE, FLEET_VERSIONS]),
     ],
 )
 
@@ -264,11 +281,7 @@ TRAINER = Dashboard(
             Panel("Queue events", [(rate("ragr1_queue_events_total", "stream, event"), "{{stream}} {{event}}")],
                   unit="ops"),
         ]),
-        ("Weights to the policy", [
-            latency("UpdateWeights call time", "ragr1_trainer_weight_update_seconds"),
-            Panel("UpdateWeights failures", [(rate("ragr1_trainer_weight_update_failures_total", "code"), "{{code}}")],
-                  unit="ops"),
-        ]),
+        ("Weights to the policy replicas", [FLEET_BY_VERSION, FLEET_BY_STATE, FLEET_VERSIONS]),
     ],
 )
 

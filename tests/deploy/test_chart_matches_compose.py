@@ -39,7 +39,6 @@ PLATFORM = {
     "shards": "shard addresses are cluster DNS names in the chart (compared: how many)",
     "retriever_address": "service DNS names (compared: the port)",
     "reward_address": "service DNS names (compared: the port)",
-    "policy_replicas": "replica DNS names (compared: how many, the port)",
     "redis_url": "service DNS names; the chart puts its Redis password in the URL (compared: a password on both sides)",
     "redis_password_file": "compose reads the Redis password from a secret file, the chart from its URL",
     "auth_token_file": "secrets mount at other paths (compared: set on both sides)",
@@ -125,9 +124,6 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
     for name in ("retriever_address", "reward_address"):
         if hasattr(on_compose, name):
             assert getattr(on_compose, name).rsplit(":")[-1] == getattr(on_chart, name).rsplit(":")[-1]
-    if cls is PPOConfig:
-        assert len(on_compose.policy_replicas) == len(on_chart.policy_replicas) == 1
-        assert on_compose.policy_replicas[0].rsplit(":")[-1] == on_chart.policy_replicas[0].rsplit(":")[-1]
 
 
 def test_the_rollout_worker_has_a_stable_name_per_replica(compose: dict[str, Any], chart: Any) -> None:

@@ -60,7 +60,7 @@ SWITCH = "a switch: it points these file settings at the chart's own mounted Sec
 EXCEPTIONS: dict[str, tuple[frozenset[str], str]] = {
     "ports.retriever": (frozenset({"port", "retriever_address"}), PORTS),
     "ports.reward": (frozenset({"port", "reward_address"}), PORTS),
-    "ports.policy": (frozenset({"port", "policy_replicas"}), PORTS),
+    "ports.policy": (frozenset({"port"}), PORTS),
     "ports.trainer": (frozenset({"port"}), PORTS),
     "ports.retrieverShard": (frozenset({"port", "shards"}), PORTS),
     "ports.retrieverHttp": (frozenset({"http_port"}), PORTS),
@@ -423,7 +423,6 @@ def test_the_values_map_to_the_fields_they_are_named_after(mapping: Mapping) -> 
         "policy.maxModelLen": {("ragr1 serve rollout-worker", "max_model_len")},
         "policy.gpuMemoryUtilization": {("ragr1 serve rollout-worker", "gpu_memory_utilization")},
         "policy.worker": {("ragr1 serve policy", "worker")},  # `serve rollout-worker` fixes worker=True
-        "policy.replicas": {("ragr1 train ppo", "policy_replicas")},
         "index.type": {("ragr1 index build", "index_type")},
         "index.corpus.input": {("ragr1 corpus ingest", "input")},
         "index.corpus.format": {("ragr1 corpus ingest", "format")},

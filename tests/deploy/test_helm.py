@@ -182,10 +182,8 @@ def test_gpu_requests(chart: helm_python.Chart) -> None:
     assert gpus(container(objects, "StatefulSet", "retriever-shard")) == (1, 1)
     assert gpus(container(objects, "Deployment", "trainer")) == (1, 1)
     assert gpus(container(objects, "Deployment", "reward")) == (None, None)
-    # The trainer updates every replica by its stable name.
-    trainer = container(objects, "Deployment", "trainer")
-    assert arg(trainer["args"], "--policy-replicas").split(",") == [
-        f"ragr1-policy-{i}.ragr1-policy.{NAMESPACE}.svc:{ports.POLICY}" for i in range(3)]
+    # The trainer needs no replica's address: the replicas follow the versions it announces in Redis.
+    assert "--policy-replicas" not in container(objects, "Deployment", "trainer")["args"]
     cpu_only = container(render(chart, {"policy": {"gpus": 0}}), "StatefulSet", "policy")
     assert gpus(cpu_only) == (None, None)
     assert arg(cpu_only["args"], "--tensor-parallel-size") == "1"

@@ -226,24 +226,12 @@ affinity:
 {{- toYaml $res -}}
 {{- end -}}
 
-{{/* The policy replicas' stable gRPC addresses, for the trainer's UpdateWeights calls. */}}
-{{- define "ragr1.policyReplicas" -}}
-{{- $name := include "ragr1.name" (list . "policy") -}}
-{{- $out := list -}}
-{{- range $i := until (int .Values.policy.replicas) -}}
-{{- $out = append $out (printf "%s-%d.%s.%s.svc:%v" $name $i $name $.Release.Namespace $.Values.ports.policy) -}}
-{{- end -}}
-{{- join "," $out -}}
-{{- end -}}
-
 {{/* The trainer's command line (the same in a Deployment and as a RayJob entrypoint). */}}
 {{- define "ragr1.trainerArgs" -}}
 - train
 - ppo
 - --port
 - {{ .Values.ports.trainer | quote }}
-- --policy-replicas
-- {{ include "ragr1.policyReplicas" . | quote }}
 - --output-dir
 - /checkpoints
 - --model
