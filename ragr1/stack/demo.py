@@ -204,6 +204,17 @@ class Demo:
         self.stages.append(result)
         return result
 
+    def wait_for_version(self, policy: PolicyClient, version: int, timeout: float = 600.0) -> None:
+        """The trainer announces its last version and exits; the rollout worker loads it after the rollouts
+        it holds have finished on the version before."""
+        deadline = time.monotonic() + timeout
+        while (served := policy.weight_version().version) < version:
+            if time.monotonic() > deadline:
+                raise StackError(f"the policy serves version {served} {timeout:.0f} s after RL, expected {version}")
+            time.sleep(1.0)
+        if served != version:
+            raise StackError(f"the policy serves version {served}, expected {version} after RL")
+
     def wait_for_idle_workers(self, supervisor: Supervisor, timeout: float = 600.0) -> None:
         """Evaluation must not share the engine with rollouts: waits until no prompt is in flight."""
         assert supervisor.redis is not None
@@ -307,9 +318,7 @@ class Demo:
                 self.evaluate("sft", policy)
             with self._phase("rl"):
                 final_version = self.rl(supervisor, sft_checkpoint, start_version=1)
-                served = policy.weight_version().version
-                if served != final_version:
-                    raise StackError(f"the policy serves version {served}, expected {final_version} after RL")
+                self.wait_for_version(policy, final_version)
                 self.wait_for_idle_workers(supervisor)
             with self._phase("evaluate rl"):
                 self.evaluate("rl", policy)

@@ -12,8 +12,8 @@ them. Faults, each at a point drawn from ``--seed`` or chosen by the run's state
 - the trainer SIGKILLed 5 times, spread over the run (during start-up, collection, an update or a save);
 - a rollout worker paused (SIGSTOP) while it holds prompts, past the reclaim time, then resumed: the
   other worker reclaims them and the paused one's late copies must not be trained twice;
-- the other rollout worker SIGKILLed while it holds prompts (it comes back serving version 0; the trainer
-  must push it the current version again);
+- the other rollout worker SIGKILLed while it holds prompts (it comes back and must load the announced
+  version before it takes a prompt);
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
 - Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart).
 
@@ -200,8 +200,8 @@ class Chaos:
         print(f"chaos: policy-1 resumed after {fault.detail['paused_s']} s", flush=True)
 
     def _kill_worker(self, fault: Fault) -> None:
-        """Killed while it holds prompts; done once the running trainer has sent the restarted replica (back
-        at version 0) its current version."""
+        """Killed while it holds prompts; done once the restarted replica serves the running trainer's current
+        version (which it finds announced in Redis)."""
         worker = self.proc("policy-0")
         if not fault.detail:
             held = self.pending("policy-0")
@@ -326,7 +326,13 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     for spec in supervisor.specs:
         if spec.name.startswith("policy"):
             with PolicyClient(spec.target, chaos.options) as policy:
-                served[spec.name] = int(policy.weight_version(timeout=10).version)
+                # The replicas load the last version the trainer announced after it exited: given time.
+                deadline = time.monotonic() + 300
+                while (version := int(policy.weight_version(timeout=10).version)) < updates:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(1.0)
+                served[spec.name] = version
     assert supervisor.redis is not None
     client: Any = supervisor.redis.client()  # redis-py's replies are typed loosely; used as documented
     latest = Checkpointer(supervisor.run_dir / "trainer" / "checkpoints").latest()
