@@ -145,8 +145,10 @@ class WeightFollower:
             await self._wait_for(announced.path)
             await self.policy.update_weights(announced.version, announced.path, sha256=announced.sha256)
         except Exception as exc:
-            await self._refuse(announced, _reason(exc))
-            return
+            # An UpdateWeights call that loaded a version as new while this waited is no refusal.
+            if self.policy.gate.version < announced.version:
+                await self._refuse(announced, _reason(exc))
+                return
         await self._serve()
 
     async def _wait_for(self, path: str) -> None:
