@@ -320,7 +320,7 @@ AUTH_TLS_SHARDS_RAY = {
     "trainer": {"ray": {"enabled": True, "workers": 2}},
 }
 # Pods whose process calls another service: the router (shards), the policy (router, reward) and the
-# trainer, here the Ray head that runs `ragr1 train ppo` (policy replicas).
+# trainer, here the Ray head that runs `ragr1 train ppo` (it calls no replica now, but keeps the client files).
 CALLERS = ("ragr1-retriever", "ragr1-policy", "ragr1-trainer-head")
 CLIENT_FILES = ("RAGR1_CLIENT_TOKEN_FILE", "RAGR1_CLIENT_CA_FILE", "RAGR1_CLIENT_CERT_FILE", "RAGR1_CLIENT_KEY_FILE")
 
