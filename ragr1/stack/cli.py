@@ -1,4 +1,4 @@
-"""``ragr1 up``, ``ragr1 demo``, ``ragr1 eval`` and ``ragr1 data prepare``."""
+"""``ragr1 up``, ``ragr1 scale``, ``ragr1 demo``, ``ragr1 eval`` and ``ragr1 data prepare``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ragr1.services.common.commands import command
-from ragr1.stack.config import EvalConfig, PrepareConfig, UpConfig
+from ragr1.stack.config import EvalConfig, PrepareConfig, ScaleConfig, UpConfig
 
 if TYPE_CHECKING:
     from ragr1.stack.demo import DemoConfig
@@ -106,6 +106,14 @@ def _eval(config: EvalConfig) -> int:
     return 0
 
 
+def _scale(config: ScaleConfig) -> int:
+    from ragr1.stack.scale import scale
+
+    replicas = scale(config)
+    print(f"{len(replicas)} policy replicas serving: " + ", ".join(f"{n} {t}" for n, t in replicas.items()))
+    return 0
+
+
 def _prepare(config: PrepareConfig) -> int:
     from ragr1.stack.prepare import prepare
 
@@ -119,6 +127,9 @@ def register(commands: Any, serve: Any) -> None:
     from ragr1.stack.demo import DemoConfig
 
     command(commands, "up", UpConfig, _up, help="start the whole stack as local processes until Ctrl-C")
+    command(commands, "scale", ScaleConfig, _scale,
+            help="add or remove policy replicas of a running `ragr1 up`; new ones load the current weights "
+                 "before they take a prompt")
     demo = command(
         commands, "demo", DemoConfig, _demo, prepare=_demo_preset,
         help="the stack, then base / SFT / RL stages, each evaluated on the same held-out questions; the demo's "

@@ -50,6 +50,10 @@ class StackConfig(Validated):
 class UpConfig(StackConfig):
     index_passages: int = setting(0, "index the first N corpus passages; 0: the whole shipped corpus")
     trainer: bool = setting(True, "start the PPO trainer too (it trains until stopped)")
+    policy_replicas: int = setting(
+        1, "policy replicas (rollout workers, each with its own vLLM engine); `ragr1 scale` changes the number "
+        "while the stack runs"
+    )
     auth: bool = setting(
         False, "a random bearer token on every gRPC call and a Redis password, in files under run_dir/secrets"
     )
@@ -61,7 +65,26 @@ class UpConfig(StackConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_at_least(self, (("max_restarts", 0), ("index_passages", 0)))
+        check_at_least(self, (("max_restarts", 0), ("index_passages", 0), ("policy_replicas", 1)))
+
+
+@dataclasses.dataclass
+class ScaleConfig(Validated):
+    """``ragr1 scale``: how many policy replicas the running local stack in ``run_dir`` should have."""
+
+    run_dir: str = setting("", "the run folder of the running `ragr1 up` (it holds endpoints.json)")
+    policy_replicas: int = setting(0, "policy replicas wanted (at least 1)")
+    timeout: float = setting(900.0, "seconds to wait for the stack to reach that number, every replica serving")
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.run_dir:
+            raise ValueError("run_dir: give the run folder of the running `ragr1 up` (--run-dir)")
+        if self.policy_replicas < 1:
+            raise ValueError(f"policy_replicas: give the number of replicas wanted, at least 1 "
+                             f"(got {self.policy_replicas})")
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ragr1.model_paths import policy_checkpoint
@@ -13,6 +13,7 @@ from ragr1.shipped import ROOT
 from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig, UpConfig
 from ragr1.stack.index_cache import ensure_index
+from ragr1.stack.scale import Scaler, replica_name
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
 
 
@@ -57,9 +58,10 @@ def describe(supervisor: Supervisor) -> str:
     return "\n".join(lines)
 
 
-def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_seconds: float = 1.0) -> int:
+def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_seconds: float = 1.0,
+                       on_tick: Callable[[], None] | None = None) -> int:
     """Blocks until SIGINT/SIGTERM (exit 0) or a service that keeps dying (exit 1, with its log pointed
-    to); a service that dies is restarted meanwhile."""
+    to); a service that dies is restarted meanwhile. ``on_tick`` runs after each look."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -68,6 +70,8 @@ def wait_until_stopped(supervisor: Supervisor, restarts: RestartPolicy, poll_sec
             if reason is not None:
                 print(reason, flush=True)
                 return 1
+            if on_tick is not None:
+                on_tick()
         return 0
     finally:
         for sig, handler in previous.items():
@@ -78,15 +82,21 @@ def up(config: UpConfig) -> int:
     directory = run_dir(config)
     ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
-    trainers = []
+
+    def replica(i: int) -> ServiceSpec:
+        return wiring.policy_spec(config, ports, model, name=replica_name(i), port=ports.replica(i))
+
+    extra = [replica(i) for i in range(1, config.policy_replicas)]
     if config.trainer:
-        trainers.append(wiring.trainer_spec(config, ports, model, directory / "checkpoints", {"max_updates": 0}))
-    supervisor = start_stack(config, directory, extra=trainers, model=model, index_passages=config.index_passages,
+        extra.append(wiring.trainer_spec(config, ports, model, directory / "checkpoints", {"max_updates": 0}))
+    supervisor = start_stack(config, directory, extra=extra, model=model, index_passages=config.index_passages,
                              auth=config.auth)
     try:
         print("the stack is up:\n" + describe(supervisor), flush=True)
-        print("Ctrl-C stops everything.", flush=True)
-        return wait_until_stopped(supervisor, RestartPolicy(max_restarts=config.max_restarts))
+        print(f"Ctrl-C stops everything; `ragr1 scale --run-dir {directory} --policy-replicas N` adds or removes "
+              "policy replicas.", flush=True)
+        return wait_until_stopped(supervisor, RestartPolicy(max_restarts=config.max_restarts),
+                                  on_tick=Scaler(supervisor, replica).tick)
     finally:
         print("stopping …", flush=True)
         supervisor.stop()

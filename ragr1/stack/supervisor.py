@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import threading
 import time
@@ -134,12 +135,14 @@ class Supervisor:
         self.write_endpoints()
         return self
 
-    def _start(self, spec: ServiceSpec) -> ServiceProcess:
+    def _start(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
         proc = ServiceProcess.ragr1(
             spec.name, spec.args, spec.target, self.log_dir / f"{spec.name}.log",
             start_timeout=spec.start_timeout, env={**(self.auth.env() if self.auth else {}), **spec.env} or None,
         )
         self.processes[spec.name] = proc
+        if not wait:
+            return proc.launch()
         try:
             return proc.start()
         except RuntimeError as exc:
@@ -147,17 +150,40 @@ class Supervisor:
                 f"{spec.name} did not start; its log is {proc.log_path}\n{proc.log_tail(1500)}"
             ) from exc
 
-    def add(self, spec: ServiceSpec) -> ServiceProcess:
-        """Starts one more service in the running stack (it is stopped with the rest)."""
+    def add(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
+        """Starts one more service in the running stack (it is stopped with the rest). ``wait``: until it is
+        healthy; else it is launched and, should it die, restarted by ``watch`` like the others."""
+        if spec.name in self.processes:
+            raise StackError(f"the stack runs a service named {spec.name} already")
         if port_in_use(spec.host, spec.port) or port_in_use(spec.host, spec.metrics_port):
             raise StackError(f"port {spec.port} or {spec.metrics_port} ({spec.name}) is already in use")
         self.specs.append(spec)
-        proc = self._start(spec)
+        try:
+            proc = self._start(spec, wait=wait)
+        except BaseException:
+            self.specs.remove(spec)
+            self.processes.pop(spec.name, None)
+            raise
         self.write_endpoints()
         return proc
 
+    def remove(self, name: str, *, timeout: float = 30.0, sig: int = signal.SIGTERM) -> int | None:
+        """Takes a service out of the running stack: ``sig`` (SIGTERM: it stops as it would on a scale-down,
+        SIGKILL: as a lost node), SIGKILL after ``timeout``; it is not restarted. Returns its exit code."""
+        proc = self.processes.pop(name)
+        self.specs = [spec for spec in self.specs if spec.name != name]
+        self.restarts.pop(name, None)
+        self._due.pop(name, None)
+        if sig != signal.SIGTERM:  # ``stop`` sends SIGTERM itself, once
+            proc.signal(sig)
+        code = proc.stop(timeout=timeout)
+        self.write_endpoints()
+        return code
+
     def endpoints(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            # Who owns these services (``ragr1 scale`` asks it for more or fewer policy replicas).
+            "supervisor_pid": os.getpid(),
             "redis": self.redis.url if self.redis else None,
             "logs": str(self.log_dir),
             "services": {},

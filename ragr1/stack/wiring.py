@@ -34,6 +34,8 @@ class Ports:
     policy: int
     trainer: int
     shards: tuple[int, ...]
+    # Where the ports of the policy replicas after the first begin (``replica``): after the shards'.
+    replicas: int
 
     @classmethod
     def of(cls, config: StackConfig) -> Ports:
@@ -41,10 +43,15 @@ class Ports:
             b = config.base_port
             # Metrics ports are gRPC + METRICS_OFFSET, so a block of ports stays clear of them.
             return cls(redis=b, http=b + 1, router=b + 2, reward=b + 3, policy=b + 4, trainer=b + 5,
-                       shards=tuple(b + 10 + i for i in range(config.num_shards)))
+                       shards=tuple(b + 10 + i for i in range(config.num_shards)), replicas=b + 10 + config.num_shards)
         return cls(redis=ports.REDIS, router=ports.RETRIEVER, http=ports.RETRIEVER_HTTP, reward=ports.REWARD,
                    policy=ports.POLICY, trainer=ports.TRAINER,
-                   shards=tuple(ports.RETRIEVER_SHARD + i for i in range(config.num_shards)))
+                   shards=tuple(ports.RETRIEVER_SHARD + i for i in range(config.num_shards)),
+                   replicas=ports.POLICY_REPLICA)
+
+    def replica(self, i: int) -> int:
+        """The gRPC port of policy replica ``i`` (0: the first, ``policy``)."""
+        return self.policy if i == 0 else self.replicas + i - 1
 
     def redis_url(self) -> str:
         return f"redis://{HOST}:{self.redis}/0"

@@ -242,3 +242,15 @@ def test_trim_deletes_only_what_every_consuming_group_is_done_with(redis_client:
     assert producer.trim() == 0  # p2 pending: nothing after it goes
     restarted.ack([d for d in got if d.message.id in ("p2", "p5")])
     assert producer.trim() == 8 and producer.depth() == 0
+
+
+def test_each_entry_names_its_producer_and_the_consumer_reads_the_message_alone(redis_client: redis.Redis) -> None:
+    """A rollout worker names itself in each rollout's entry (audits see which replica made what); the
+    trainer's consumer gets the same messages either way."""
+    queue = StreamQueue(redis_client, ROLLOUTS, common_pb2.Rollout, group="trainer", consumer="t")
+    queue.ensure_group()
+    queue.produce([rollout(0)], producer="policy-1")
+    queue.produce([rollout(1)])
+    entries = redis_client.xrange(ROLLOUTS)
+    assert [fields.get(b"producer") for _, fields in entries] == [b"policy-1", None]  # type: ignore[union-attr]
+    assert [d.message for d in queue.consume(count=10)] == [rollout(0), rollout(1)]

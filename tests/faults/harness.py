@@ -4,18 +4,25 @@ then every prompt is accounted for from Redis and the trainer's checkpoint, not 
     .venv/bin/python -m tests.faults.harness [--updates 10] [--seed 0] [--run-dir DIR]
 
 The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
-shards, the reward service, two policy replicas with rollout workers, the PPO trainer with GRPO and LoRA on
-SmolLM2-135M), supervised as `ragr1 up` supervises it: whatever dies is restarted with backoff. A third of
-the prompts cannot be served (questions over the policy's length limit), so their workers dead-letter
-them. Faults, each at a point drawn from ``--seed`` or chosen by the run's state:
+shards, the reward service, one policy replica with a rollout worker, the PPO trainer with GRPO and LoRA on
+SmolLM2-135M), supervised as `ragr1 up` supervises it: whatever dies is restarted with backoff, and
+`ragr1 scale` adds and removes policy replicas. A third of the prompts cannot be served (questions over the
+policy's length limit), so their workers dead-letter them. Faults, each at a point drawn from ``--seed`` or
+chosen by the run's state:
 
+- a second replica joins after the first update (`ragr1 scale --policy-replicas 2`): it must load the
+  announced version before it takes a prompt (no rollout of its own below that version), and its
+  rollouts reach the trainer;
 - the trainer SIGKILLed 5 times, spread over the run (during start-up, collection, an update or a save);
 - a rollout worker paused (SIGSTOP) while it holds prompts, past the reclaim time, then resumed: the
   other worker reclaims them and the paused one's late copies must not be trained twice;
 - the other rollout worker SIGKILLed while it holds prompts (it comes back and must load the announced
   version before it takes a prompt);
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
-- Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart).
+- Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart);
+- a replica SIGKILLed half-way through loading a version: it comes back and loads the current one;
+- the second replica scaled away (`ragr1 scale --policy-replicas 1`: SIGTERM, not restarted) while it holds
+  prompts: what it leaves is reclaimed by the other, and the run goes on with one replica.
 
 Auth is on, as `ragr1 up --auth` turns it on (a bearer token on every gRPC call, a Redis password): before
 the faults, each service is called without the token and with it, and Redis without its password; after
@@ -26,7 +33,7 @@ Then, from Redis and the last checkpoint: the run reached its number of updates;
 twice; trained rollouts come in whole groups; every admitted prompt is trained, dead-lettered with a
 reason, still in the queue at the end, dropped by the trainer's staleness bound or removed untaken at the
 end (counted from the trainer's log) -- none is missing; services restarted exactly as often as they were
-killed; both replicas serve the last version; no vLLM process outlives the stack. Writes ``faults.json``
+killed; the remaining replica serves the last version; no vLLM process outlives the stack. Writes ``faults.json``
 in the run folder and exits 1 when a check fails.
 """
 
@@ -39,6 +46,7 @@ import json
 import random
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -50,6 +58,7 @@ import redis
 
 from ragr1.errors import ServiceCallError
 from ragr1.model_paths import policy_checkpoint
+from ragr1.services.common import fleet
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
@@ -61,7 +70,9 @@ from ragr1.stack.config import StackConfig
 from ragr1.stack.index_cache import ensure_index
 from ragr1.stack.local import run_dir
 from ragr1.stack.questions import split_questions, write_jsonl
-from ragr1.stack.supervisor import RestartPolicy, Supervisor
+from ragr1.stack.scale import Scaler, is_replica, replica_name
+from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from ragr1.v1 import common_pb2
 
 WORKER_GROUP = "rollout-workers"
 TRAINER_GROUP = "trainer"
@@ -93,12 +104,15 @@ class Chaos:
         self.next_kill_after = self.rng.uniform(5, 60)
         self.started_at = time.monotonic()
         self.faults = [
+            Fault("replica joined", at_version=1),
             Fault("shard killed", at_version=3),
             Fault("worker paused past the reclaim time", at_version=4),
             Fault("worker killed", at_version=5),
             Fault("redis killed", at_version=6),
-            Fault("push killed half-way through the load", at_version=7),
+            Fault("load killed half-way through", at_version=7),
+            Fault("replica scaled away", at_version=9),
         ]
+        self._scale: subprocess.Popen[bytes] | None = None
         self._paused_at: float | None = None
         self._trainer_pid: int | None = None
         assert supervisor.auth is not None
@@ -172,6 +186,76 @@ class Chaos:
         fault.done = True
         print(f"chaos: shard back, router answers in full: {not reply.partial}", flush=True)
 
+    def announced(self) -> int:
+        assert self.s.redis is not None
+        client = self.s.redis.client()
+        try:
+            latest = fleet.latest(client)
+        finally:
+            client.close()
+        return latest.version if latest else 0
+
+    def _ask_scale(self, replicas: int) -> None:
+        """`ragr1 scale` as a user runs it, beside the stack; the loop's ``Scaler`` does what it asks."""
+        self._scale = subprocess.Popen(
+            [sys.executable, "-m", "ragr1", "scale", "--run-dir", str(self.s.run_dir), "--policy-replicas",
+             str(replicas)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        print(f"chaos: ragr1 scale --policy-replicas {replicas}", flush=True)
+
+    def _scaled(self, fault: Fault) -> bool:
+        """Whether the `ragr1 scale` asked for returned (its exit code and output recorded)."""
+        assert self._scale is not None
+        if self._scale.poll() is None:
+            return False
+        out = self._scale.stdout.read().decode(errors="replace") if self._scale.stdout else ""
+        fault.detail.update(scale_exit=self._scale.returncode, scale_output=out.strip()[-500:],
+                            scale_s=round(time.monotonic() - fault.detail.pop("asked_at"), 1))
+        self._scale = None
+        return True
+
+    def _replica(self, fault: Fault) -> None:
+        if fault.name == "replica joined":
+            self._join(fault)
+        else:
+            self._scale_away(fault)
+
+    def _join(self, fault: Fault) -> None:
+        """Done once `ragr1 scale --policy-replicas 2` returned: policy-1 serving (the version it serves is
+        read back in the audit, from its rollouts)."""
+        if not fault.detail:
+            fault.detail.update(announced_at_join=self.announced(), asked_at=time.monotonic())
+            self._ask_scale(2)
+            return
+        if self._scaled(fault):
+            fault.done = True
+            print(f"chaos: policy-1 joined (ragr1 scale exit {fault.detail['scale_exit']}, "
+                  f"{fault.detail['scale_s']} s)", flush=True)
+
+    def _scale_away(self, fault: Fault) -> None:
+        """policy-1 scaled away while it holds prompts; done once what it left is taken over by the other."""
+        if not fault.detail:
+            held = self.pending("policy-1")
+            if not held or not self.proc("policy-1").alive():
+                return
+            restarts = self.s.endpoints()["services"]["policy-1"]["restarts"]
+            fault.detail.update(held=held, restarts=restarts, asked_at=time.monotonic())
+            self._ask_scale(1)
+            print(f"chaos: policy-1 scaled away holding {len(held)} prompts", flush=True)
+            return
+        if self._scale is not None:
+            if not self._scaled(fault):
+                return
+            fault.detail.update(left=len(self.pending("policy-1")), stopped_at=time.monotonic(),
+                                in_stack="policy-1" in self.s.processes)
+        left = self.pending("policy-1")
+        if left and time.monotonic() - fault.detail["stopped_at"] < RECLAIM_MS / 1000 + 60:
+            return
+        fault.detail.update(left_after_reclaim=len(left),
+                            reclaimed_s=round(time.monotonic() - fault.detail.pop("stopped_at"), 1))
+        fault.done = True
+        print(f"chaos: policy-1 gone; {fault.detail['left']} prompts it left, {len(left)} not yet taken over",
+              flush=True)
+
     def _worker(self, fault: Fault) -> None:
         if fault.name.startswith("worker paused"):
             self._pause(fault)
@@ -202,16 +286,16 @@ class Chaos:
     def _kill_worker(self, fault: Fault) -> None:
         """Killed while it holds prompts; done once the restarted replica serves the running trainer's current
         version (which it finds announced in Redis)."""
-        worker = self.proc("policy-0")
+        worker = self.proc("policy")
         if not fault.detail:
-            held = self.pending("policy-0")
+            held = self.pending("policy")
             if not held or not worker.alive():
                 return
             worker.signal(signal.SIGKILL)
             fault.detail.update(held=held, killed_at=time.monotonic(), trainer_pid=self._trainer_pid)
-            print(f"chaos: policy-0 SIGKILLed holding {len(held)} prompts", flush=True)
+            print(f"chaos: policy SIGKILLed holding {len(held)} prompts", flush=True)
             return
-        self._caught_up(fault, "policy-0")
+        self._caught_up(fault, "policy")
 
     def _caught_up(self, fault: Fault, name: str) -> None:
         """Done once the restarted replica ``name`` (back at version 0) serves the trainer's current version."""
@@ -229,10 +313,10 @@ class Chaos:
         fault.done = True
         print(f"chaos: {name} back and serving v{served}", flush=True)
 
-    def _push(self, fault: Fault) -> None:
-        """policy-1 SIGKILLed while it loads pushed weights (after its "weights vN: loading" log line, before
-        "serving"); done once the running trainer has sent the restarted replica (back at version 0) the
-        current version. Not the last push: after it the trainer stops, with no one left to resync."""
+    def _load(self, fault: Fault) -> None:
+        """policy-1 SIGKILLed while it loads an announced version (after its "weights vN: loading" log line,
+        before "serving"); done once the restarted replica (back at version 0) serves the trainer's current
+        version. Not the last version: the trainer stops after announcing it."""
         worker = self.proc("policy-1")
         if not fault.detail:
             if not worker.alive():
@@ -290,7 +374,7 @@ def prompts_file(directory: Path) -> tuple[Path, int]:
     return write_jsonl(records, directory / "data" / "rl.jsonl"), len(records)
 
 
-def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Path, int]:
+def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Scaler, int]:
     ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
     prompts, templates = prompts_file(directory)
@@ -298,9 +382,10 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
     worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2}
-    second = ports.trainer + 1
-    policies = [wiring.policy_spec(config, ports, model, worker, name="policy-0"),
-                wiring.policy_spec(config, ports, model, worker, name="policy-1", port=second)]
+
+    def replica(i: int) -> ServiceSpec:
+        return wiring.policy_spec(config, ports, model, worker, name=replica_name(i), port=ports.replica(i))
+
     trainer = wiring.trainer_spec(
         config, ports, model, directory / "trainer",
         {"prompts_file": str(prompts), "mode": "multi", "max_updates": updates, "batch_size": 4,
@@ -309,8 +394,9 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
          # The audit reads every entry the run produced; trimming (tests/trainer/test_loop.py) would delete them.
          "trim_streams": False},
     )
-    specs = [*wiring.retrieval_specs(config, ports, index), wiring.reward_spec(config, ports), *policies, trainer]
-    return Supervisor(directory, specs, ports.redis, auth=True), prompts, templates
+    specs = [*wiring.retrieval_specs(config, ports, index), wiring.reward_spec(config, ports), replica(0), trainer]
+    supervisor = Supervisor(directory, specs, ports.redis, auth=True)
+    return supervisor, Scaler(supervisor, replica), templates
 
 
 def waiting(client: Any, stream: str, group: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -324,7 +410,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     """What happened to every admitted prompt, from Redis and the last checkpoint; and the replicas' versions."""
     served = {}
     for spec in supervisor.specs:
-        if spec.name.startswith("policy"):
+        if is_replica(spec.name):
             with PolicyClient(spec.target, chaos.options) as policy:
                 # The replicas load the last version the trainer announced after it exited: given time.
                 deadline = time.monotonic() + 300
@@ -360,9 +446,15 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         fate[number(fields[b"id"].decode())].add("prompt still queued")
     queued = {entry_id for entry_id, _ in waiting(client, ROLLOUTS, TRAINER_GROUP)}
     produced: Counter[str] = Counter()
+    # Per replica, the policy version of each rollout it produced, in stream order; and who made each id.
+    versions: dict[str, list[int]] = {}
+    producer_of: dict[str, str] = {}
     for entry_id, fields in client.xrange(ROLLOUTS):
         rollout_id = fields[b"id"].decode()
         produced[rollout_id] += 1
+        producer = fields.get(b"producer", b"?").decode()
+        versions.setdefault(producer, []).append(common_pb2.Rollout.FromString(fields[b"data"]).policy_version)
+        producer_of[rollout_id] = producer
         if task_of(rollout_id) in by_task:
             continue
         if entry_id in queued:
@@ -380,7 +472,10 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     restarts = {name: info["restarts"] for name, info in supervisor.endpoints()["services"].items()}
     restarts["redis"] = supervisor.endpoints()["redis_restarts"]
     expected_restarts = {name: 0 for name in restarts} | {
-        "trainer": len(chaos.trainer_kills), "policy-0": 1, "policy-1": 1, "retriever-shard-1": 1, "redis": 1}
+        "trainer": len(chaos.trainer_kills), "policy": 1, "retriever-shard-1": 1, "redis": 1}
+    fault = {f.name: f.detail for f in chaos.faults}
+    joined, away = fault["replica joined"], fault["replica scaled away"]
+    trained_by = Counter(producer_of.get(r, "?") for r in trained)
     checks = {
         f"the run reached version {updates}": int(latest[1]["version"]) == updates,
         "no rollout id trained twice": len(trained) == len(set(trained)),
@@ -396,17 +491,26 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             missing == list(range(tasks - removed, tasks)),
         "each service restarted exactly as often as it was killed": restarts == expected_restarts,
         "every fault injected": all(f.done for f in chaos.faults) and len(chaos.trainer_kills) == TRAINER_KILLS,
-        "the router answered in full once the shard was back": chaos.faults[0].detail.get("partial") is False,
-        "the paused worker's prompts were taken over by the other": chaos.faults[1].detail.get("taken_over")
-            == len(chaos.faults[1].detail.get("held", [None])),
-        "the killed worker, back at v0, was sent the current version by the running trainer":
-            chaos.faults[2].detail.get("same_trainer") is True,
-        "every replica serves the last version": set(served.values()) == {updates},
+        "the router answered in full once the shard was back": fault["shard killed"].get("partial") is False,
+        "the paused worker's prompts were taken over by the other": fault["worker paused past the reclaim time"].get(
+            "taken_over") == len(fault["worker paused past the reclaim time"].get("held", [None])),
+        "the killed worker, back at v0, loaded the running trainer's current version":
+            fault["worker killed"].get("same_trainer") is True,
+        "the remaining replica serves the last version": served == {"policy": updates},
+        "policy-1 joined (ragr1 scale returned 0)": joined.get("scale_exit") == 0,
+        "policy-1 loaded the announced version before its first prompt (no rollout of its below it)":
+            min(versions.get("policy-1", [-1])) >= joined.get("announced_at_join", 1) >= 1,
+        "rollouts of both replicas were trained": trained_by["policy"] > 0 and trained_by["policy-1"] > 0,
+        "each replica's rollout versions never go back (one version per rollout, newer weights after a restart)":
+            all(v == sorted(v) for v in versions.values()),
+        "policy-1 scaled away: out of the stack, not restarted, what it held taken over":
+            away.get("scale_exit") == 0 and away.get("in_stack") is False and away.get("left_after_reclaim") == 0,
+        "policy-1 restarted exactly once (its load killed) before it was scaled away": away.get("restarts") == 1,
         "the trainer rode out the Redis restart (same process, next update)":
-            chaos.faults[3].detail.get("same_trainer") is True,
-        "a replica killed half-way through a weight load was sent the current version by the running trainer":
-            chaos.faults[4].detail.get("killed_mid_load") is True
-            and chaos.faults[4].detail.get("same_trainer") is True,
+            fault["redis killed"].get("same_trainer") is True,
+        "a replica killed half-way through a weight load loaded the current version, same trainer":
+            fault["load killed half-way through"].get("killed_mid_load") is True
+            and fault["load killed half-way through"].get("same_trainer") is True,
     }
     return {
         "checks": checks,
@@ -417,6 +521,8 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "rollouts_dropped_stale": stale,
         "rollout_ids_produced_twice": sum(1 for c in produced.values() if c > 1),
         "rollouts_trained": len(trained),
+        "rollouts_trained_by_replica": dict(trained_by),
+        "rollout_versions_by_replica": {name: dict(Counter(v)) for name, v in versions.items()},
         "replica_versions": served,
         "restarts": restarts,
         "trainer_kills": chaos.trainer_kills,
@@ -492,7 +598,7 @@ def engine_processes() -> set[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--updates", type=int, default=14)
+    parser.add_argument("--updates", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", default="")
     parser.add_argument("--base-port", type=int, default=24000)
@@ -501,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                          base_port=args.base_port, max_turns=2, max_tokens_per_turn=64, tokens_per_query=64,
                          max_model_len=2048, kv_cache_gib=1, reward="f1")
     directory = run_dir(config)
-    supervisor, _, templates = build(config, directory, args.updates)
+    supervisor, scaler, templates = build(config, directory, args.updates)
     started, before = time.monotonic(), engine_processes()
     print(f"starting the stack; logs in {supervisor.log_dir}", flush=True)
     restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=TIMEOUT_S, first_backoff=1.0,
@@ -517,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             if reason is not None:
                 print(reason, flush=True)
                 return 1
+            scaler.tick()
             chaos.step()
             if time.monotonic() - started > TIMEOUT_S:
                 print(f"the run did not finish in {TIMEOUT_S} s; logs in {supervisor.log_dir}", flush=True)

@@ -14,6 +14,8 @@ REWARD = 50053
 TRAINER = 50054
 # Shard i of the retriever listens on RETRIEVER_SHARD + i.
 RETRIEVER_SHARD = 50061
+# A local stack's policy replica i > 0 (the first listens on POLICY) listens on POLICY_REPLICA + i - 1.
+POLICY_REPLICA = 50071
 # Search-R1-compatible HTTP endpoint of the router.
 RETRIEVER_HTTP = 8000
 # The local stack's Redis, and the URL the policy and trainer use when none is given.

@@ -214,14 +214,19 @@ class StreamQueue(Generic[M]):
         return f"ragr1:done:{self.stream}:{self.group}:{message_id}"
 
     # -- producing ------------------------------------------------------------------------------
-    def produce(self, messages: Iterable[M], pipe: Any = None) -> int:
-        """Appends messages; inside ``pipe`` (a transaction) when given, else at once."""
+    def produce(self, messages: Iterable[M], pipe: Any = None, *, producer: str = "") -> int:
+        """Appends messages; inside ``pipe`` (a transaction) when given, else at once. ``producer`` (a rollout
+        worker's consumer name) goes into each entry beside the message, so that an audit of the stream sees
+        which replica made what."""
         target = pipe if pipe is not None else self.redis.pipeline(transaction=False)
         count = 0
         for message in messages:
             if not message.id:
                 raise ValueError(f"{type(message).__name__} without an id cannot be queued")
-            target.xadd(self.stream, {"id": message.id, "data": message.SerializeToString()})
+            fields = {"id": message.id, "data": message.SerializeToString()}
+            if producer:
+                fields["producer"] = producer
+            target.xadd(self.stream, fields)
             count += 1
         if pipe is None:
             target.execute()

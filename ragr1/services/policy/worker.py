@@ -142,7 +142,7 @@ class RolloutWorker:
             return
 
         def produce(pipe: Any) -> None:
-            self.rollouts.produce(rollouts, pipe)
+            self.rollouts.produce(rollouts, pipe, producer=self.prompts.consumer)
 
         await asyncio.to_thread(self.prompts.ack, done, produce)
         metrics.WORKER_PROMPTS.labels("acked").inc(len(done))
