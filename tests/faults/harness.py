@@ -378,7 +378,7 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
     ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
     prompts, templates = prompts_file(directory)
-    index = ensure_index(0, config.shards, config.index_type, config.max_passage_tokens,
+    index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
     worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2}
