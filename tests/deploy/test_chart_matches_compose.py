@@ -30,7 +30,7 @@ SERVICES = {
     "retriever-shard-0": ("StatefulSet", "retriever-shard", ShardConfig),
     "retriever": ("Deployment", "retriever", RouterConfig),
     "reward": ("Deployment", "reward", RewardConfig),
-    "policy": ("StatefulSet", "policy", PolicyConfig),
+    "policy": ("Deployment", "policy", PolicyConfig),
     "trainer": ("Deployment", "trainer", PPOConfig),
 }
 # Settings that differ between a cluster and one machine, and why; compared as noted.
@@ -126,10 +126,11 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
             assert getattr(on_compose, name).rsplit(":")[-1] == getattr(on_chart, name).rsplit(":")[-1]
 
 
-def test_the_rollout_worker_has_a_stable_name_per_replica(compose: dict[str, Any], chart: Any) -> None:
+def test_the_rollout_worker_has_a_name_of_its_own_per_replica(compose: dict[str, Any], chart: Any) -> None:
     assert compose["policy"]["environment"]["RAGR1_WORKER_NAME"] == "policy-0"
-    policy = pod(chart, "StatefulSet", "policy")["containers"][0]
-    assert env(policy)["RAGR1_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # <release>-policy-<i>
+    policy = pod(chart, "Deployment", "policy")["containers"][0]
+    # The pod's name: unique in the Deployment, and kept across restarts of the container in its pod.
+    assert env(policy)["RAGR1_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_memory_for_the_trainer_and_shared_memory_agree(compose: dict[str, Any], chart: Any) -> None:
@@ -137,8 +138,8 @@ def test_memory_for_the_trainer_and_shared_memory_agree(compose: dict[str, Any],
     assert memory_bytes(compose["trainer"]["mem_limit"]) == memory_bytes(
         trainer["containers"][0]["resources"]["limits"]["memory"]
     )
-    for service, kind in (("policy", "StatefulSet"), ("trainer", "Deployment")):
-        (shm,) = [v for v in pod(chart, kind, service)["volumes"] if v["name"] == "shm"]
+    for service in ("policy", "trainer"):
+        (shm,) = [v for v in pod(chart, "Deployment", service)["volumes"] if v["name"] == "shm"]
         assert memory_bytes(compose[service]["shm_size"]) == memory_bytes(shm["emptyDir"]["sizeLimit"]), service
 
 

@@ -29,6 +29,8 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
     ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",),
     ("ray.io/v1", "RayJob"): ("entrypoint", "rayClusterSpec"),
+    ("keda.sh/v1alpha1", "ScaledObject"): ("scaleTargetRef", "triggers"),
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): ("secretTargetRef",),
 }
 SERVERS = {"retriever-shard": ports.RETRIEVER_SHARD, "retriever": ports.RETRIEVER, "reward": ports.REWARD,
            "policy": ports.POLICY, "trainer": ports.TRAINER}
@@ -47,8 +49,12 @@ def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, {"trainer": {"ray": {"enabled": True}}},
                                     {"redis": {"enabled": False, "url": "redis://redis.example:6379/0"},
-                                     "auth": {"enabled": False}, "networkPolicy": {"enabled": False}}],
-                         ids=["defaults", "tls-servicemonitor-models", "ray", "external-redis-no-auth"])
+                                     "auth": {"enabled": False}, "networkPolicy": {"enabled": False}},
+                                    {**EVERYTHING_ON, "policy": {"autoscaling": {"enabled": True}}},
+                                    {"policy": {"autoscaling": {"enabled": True}},
+                                     "redis": {"enabled": False, "url": "rediss://:secret@redis.example:6380/1"}}],
+                         ids=["defaults", "tls-servicemonitor-models", "ray", "external-redis-no-auth",
+                              "autoscaling-tls", "autoscaling-external-redis"])
 def test_every_manifest_is_valid_kubernetes(chart: helm_python.Chart, values: dict[str, Any]) -> None:
     objects = render(chart, values)
     for (kind, name), obj in objects.items():
@@ -62,7 +68,8 @@ def test_every_manifest_is_valid_kubernetes(chart: helm_python.Chart, values: di
             raise AssertionError(f"{kind}/{name}: {exc.message} at {list(exc.path)}") from exc
 
 
-@pytest.mark.parametrize("values", [{}, {**EVERYTHING_ON, "trainer": {"ray": {"enabled": True}}}],
+@pytest.mark.parametrize("values", [{}, {**EVERYTHING_ON, "trainer": {"ray": {"enabled": True}},
+                                         "policy": {"autoscaling": {"enabled": True}}}],
                          ids=["defaults", "everything-on"])
 def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
     report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
@@ -89,7 +96,7 @@ def test_chart_serves_and_trains_the_policys_default_model_at_its_context_length
 def test_servers_listen_probe_and_expose_metrics_on_the_same_ports(chart: helm_python.Chart) -> None:
     objects = render(chart, {"metrics": {"serviceMonitor": {"enabled": True}}})
     for component, port in SERVERS.items():
-        kind = "StatefulSet" if component in ("retriever-shard", "policy") else "Deployment"
+        kind = "StatefulSet" if component == "retriever-shard" else "Deployment"
         c = container(objects, kind, component)
         assert arg(c["args"], "--port") == str(port), component
         assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {
@@ -175,16 +182,16 @@ def gpus(c: dict[str, Any]) -> tuple[Any, Any]:
 
 def test_gpu_requests(chart: helm_python.Chart) -> None:
     objects = render(chart, {"policy": {"gpus": 4, "replicas": 3}})
-    policy = container(objects, "StatefulSet", "policy")
+    policy = container(objects, "Deployment", "policy")
     assert gpus(policy) == (4, 4)
     assert arg(policy["args"], "--tensor-parallel-size") == "4"
-    assert objects[("StatefulSet", "ragr1-policy")]["spec"]["replicas"] == 3
+    assert objects[("Deployment", "ragr1-policy")]["spec"]["replicas"] == 3
     assert gpus(container(objects, "StatefulSet", "retriever-shard")) == (1, 1)
     assert gpus(container(objects, "Deployment", "trainer")) == (1, 1)
     assert gpus(container(objects, "Deployment", "reward")) == (None, None)
     # The trainer needs no replica's address: the replicas follow the versions it announces in Redis.
     assert "--policy-replicas" not in container(objects, "Deployment", "trainer")["args"]
-    cpu_only = container(render(chart, {"policy": {"gpus": 0}}), "StatefulSet", "policy")
+    cpu_only = container(render(chart, {"policy": {"gpus": 0}}), "Deployment", "policy")
     assert gpus(cpu_only) == (None, None)
     assert arg(cpu_only["args"], "--tensor-parallel-size") == "1"
 
@@ -279,12 +286,12 @@ def test_credentials_come_from_secrets(chart: helm_python.Chart) -> None:
     assert len(token["data"]["token"]) > 40
     assert "redis-password" in objects[("Secret", "ragr1-redis")]["data"]
     for component in SERVERS:
-        kind = "StatefulSet" if component in ("retriever-shard", "policy") else "Deployment"
+        kind = "StatefulSet" if component == "retriever-shard" else "Deployment"
         c = container(objects, kind, component)
         assert env(c)["RAGR1_AUTH_TOKEN_FILE"] == env(c)["RAGR1_CLIENT_TOKEN_FILE"], component
         volumes = objects[(kind, f"ragr1-{component}")]["spec"]["template"]["spec"]["volumes"]
         assert {"name": "auth", "secret": {"secretName": "ragr1-auth"}} in volumes, component
-    policy_env = env(container(objects, "StatefulSet", "policy"))
+    policy_env = env(container(objects, "Deployment", "policy"))
     assert policy_env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "ragr1-redis", "key": "redis-password"}}
     assert policy_env["RAGR1_REDIS_URL"] == f"redis://:$(REDIS_PASSWORD)@ragr1-redis:{ports.REDIS}/0"
     # A user's own Secret replaces the generated one.
@@ -354,7 +361,7 @@ def test_auth_tls_shards_and_ray_mount_the_token_and_certificates_wherever_a_cal
     assert len(arg(router["args"], "--shards").split(",")) == 4
     # Every server requires the token and serves TLS to clients that show a certificate (mTLS).
     for component in SERVERS:
-        kind = "StatefulSet" if component in ("retriever-shard", "policy") else "Deployment"
+        kind = "StatefulSet" if component == "retriever-shard" else "Deployment"
         if component == "trainer":
             variables = env(objects[("RayJob", "ragr1-trainer")]["spec"]["rayClusterSpec"]["headGroupSpec"]
                             ["template"]["spec"]["containers"][0])
@@ -382,6 +389,11 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"trainer": {"alarms": {"entropyFloor": -0.1}}}, "at '/trainer/alarms/entropyFloor': minimum"),
         ({"trainer": {"alarms": {"logprobGapThreshold": 0}}}, "at '/trainer/alarms/logprobGapThreshold'"),
         ({"trainer": {"alarms": {"klceiling": 1}}}, "additional properties 'klceiling' not allowed"),
+        ({"policy": {"autoscaling": {"enabled": "yes"}}}, "at '/policy/autoscaling/enabled': got string, want boolean"),
+        ({"policy": {"autoscaling": {"maxReplicas": 0}}}, "at '/policy/autoscaling/maxReplicas': minimum"),
+        ({"policy": {"autoscaling": {"backlogPerReplica": 0}}}, "at '/policy/autoscaling/backlogPerReplica': minimum"),
+        ({"policy": {"autoscaling": {"max": 4}}}, "additional properties 'max' not allowed"),
+        ({"networkPolicy": {"keda": {"pods": {}}}}, "additional properties 'pods' not allowed"),
     ]:
         with pytest.raises(helm_python.HelmError, match=re.escape(message)):
             render(chart, values)
@@ -393,7 +405,7 @@ def test_each_component_runs_its_roles_image_from_the_registry_with_its_tag(char
                                        "reward": {"repository": "ragr1-reward", "tag": "v1-slim"}}})
     images = {name: container(objects, kind, name)["image"] for kind, name in [
         ("Deployment", "reward"), ("Deployment", "retriever"), ("StatefulSet", "retriever-shard"),
-        ("StatefulSet", "policy"), ("Deployment", "trainer")]}
+        ("Deployment", "policy"), ("Deployment", "trainer")]}
     assert images == {
         "reward": "registry.example/rl/ragr1-reward:v1-slim",
         "retriever": "registry.example/rl/ragr1-retriever:v1",

@@ -288,3 +288,14 @@ affinity:
     readOnly: true
 {{- end }}
 {{- end -}}
+
+{{/* A URL part with its %XX escapes decoded (ASCII), as redis-py decodes a password in the URL; %25 last,
+so that the % it gives starts no second escape. */}}
+{{- define "ragr1.urlUnescape" -}}
+{{- $out := . -}}
+{{- $escapes := regexFindAll "%[0-9A-Fa-f]{2}" . -1 | uniq | sortAlpha -}}
+{{- range $esc := concat (without $escapes "%25") (ternary (list "%25") list (has "%25" $escapes)) -}}
+{{- $out = replace $esc (printf "%c" (int (printf "0x%s" (trimPrefix "%" $esc)))) $out -}}
+{{- end -}}
+{{- $out -}}
+{{- end -}}
