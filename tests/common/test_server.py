@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from ragr1.services.common.client import ChannelOptions, open_channel
 from ragr1.services.common.process import ServiceProcess
+from ragr1.services.common.server import LIVENESS
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.common.pki import write_pki
 from tests.common.status_process import start_server, status_code
@@ -42,7 +43,7 @@ def test_reflection_health_and_metrics(server: tuple[ServiceProcess, int]) -> No
     assert (method.name, method.input_type) == ("Status", ".ragr1.v1.StatusRequest")
 
     health = health_pb2_grpc.HealthStub(channel)
-    for service in ("", "ragr1.v1.Trainer"):
+    for service in ("", "ragr1.v1.Trainer", LIVENESS):
         reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
@@ -95,6 +96,9 @@ def test_sigterm_lets_in_flight_call_finish_after_health_goes_not_serving(
         status = health.Check(health_pb2.HealthCheckRequest(service="ragr1.v1.Trainer"), timeout=2).status
         if status == health_pb2.HealthCheckResponse.NOT_SERVING:
             events.append(("not_serving", time.monotonic()))
+            # A stopping server is not alive either: a liveness probe may replace it.
+            alive = health.Check(health_pb2.HealthCheckRequest(service=LIVENESS), timeout=2).status
+            assert alive == health_pb2.HealthCheckResponse.NOT_SERVING
             break
         time.sleep(0.05)
     caller.join(timeout=30)

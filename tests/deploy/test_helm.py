@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from ragr1.services.common import ports
+from ragr1.services.common.server import LIVENESS
 from ragr1.services.policy.agent import MAX_MODEL_LEN
 from tests.deploy.charts import EVERYTHING_ON, NAMESPACE, Render, arg, container, env, index_job, render
 from tests.deploy.conftest import CHART, DASHBOARDS, ragr1_invocations
@@ -101,8 +102,10 @@ def test_servers_listen_probe_and_expose_metrics_on_the_same_ports(chart: helm_p
         assert arg(c["args"], "--port") == str(port), component
         assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {
             "grpc": port, "metrics": port + ports.METRICS_OFFSET}.items(), component
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["grpc"] == {"port": port}, (component, probe)
+        # Readiness: the server's own status; startup and liveness: the process is up (server.LIVENESS).
+        assert c["readinessProbe"]["grpc"] == {"port": port}, component
+        for probe in ("startupProbe", "livenessProbe"):
+            assert c[probe]["grpc"] == {"port": port, "service": LIVENESS}, (component, probe)
         service = objects[("Service", f"ragr1-{component}")]
         assert service["metadata"]["labels"]["ragr1.io/metrics"] == "true"
         assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["metrics"] == port + ports.METRICS_OFFSET
@@ -304,9 +307,10 @@ def test_credentials_come_from_secrets(chart: helm_python.Chart) -> None:
 def test_tls_turns_probes_into_the_ragr1_probe_with_the_ca(chart: helm_python.Chart) -> None:
     objects = render(chart, EVERYTHING_ON)
     reward = container(objects, "Deployment", "reward")
-    assert reward["readinessProbe"]["exec"]["command"] == [
-        "python", "-m", "ragr1.services.common.healthcheck", f"localhost:{ports.REWARD}",
-        "--ca-file", "/var/run/secrets/ragr1/tls/ca.crt"]
+    probe = ["python", "-m", "ragr1.services.common.healthcheck", f"localhost:{ports.REWARD}",
+             "--ca-file", "/var/run/secrets/ragr1/tls/ca.crt"]
+    assert reward["readinessProbe"]["exec"]["command"] == probe
+    assert reward["livenessProbe"]["exec"]["command"] == [*probe, "--service", LIVENESS]
     variables = env(reward)
     assert variables["RAGR1_TLS_CERT_FILE"].endswith("tls.crt")
     assert variables["RAGR1_TLS_CLIENT_CA_FILE"] == variables["RAGR1_CLIENT_CA_FILE"]

@@ -37,6 +37,7 @@ from ragr1.services.common.client import ChannelOptions, HealthClient
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer, free_port
+from ragr1.services.common.server import LIVENESS
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.client import AsyncPolicyClient, PolicyClient
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
@@ -377,13 +378,16 @@ def test_a_restarted_trainer_announces_its_checkpoint_and_the_worker_loads_it(
 def test_an_announced_version_whose_digest_does_not_match_is_refused(
     client: PolicyClient, redis_server: RedisServer, policy_model_dir: Path
 ) -> None:
-    """The replica loads nothing, says why in its report, takes no prompts and turns NOT_SERVING; a later
+    """The replica loads nothing, says why in its report, takes no prompts and turns NOT_SERVING (its liveness
+    service stays SERVING); a later
     version that loads brings it back (which the tests after this one need)."""
     r = redis.Redis.from_url(redis_server.url)
     current = client.weight_version().version
     assert fleet.announce(r, current + 1, str(policy_model_dir), "0" * 64)
     wait_for(lambda: not client.health(), "the replica never turned NOT_SERVING")
     assert client.weight_version().version == current
+    # Not ready, but alive: a liveness probe must not restart it into the same refusal.
+    assert client.health(service=LIVENESS)
     (report,) = fleet.replicas(r)
     assert (report.state, report.version, report.target) == (fleet.REFUSED, current, current + 1)
     assert "hash to sha256" in report.reason

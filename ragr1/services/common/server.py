@@ -34,6 +34,11 @@ from ragr1.services.common.wire import DEFAULT_MAX_MESSAGE_BYTES, read_secret, s
 log = logging.getLogger(__name__)
 
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+# A health service that is SERVING from the server's start until it stops, whatever the server's own status
+# (the empty service name, which readiness asks): what liveness and startup probes ask. A server that is up
+# but not ready (a policy replica that refused a weight version) must get no traffic, but restarting it
+# would only load the same version again.
+LIVENESS = "liveness"
 
 ERROR_CODES: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -309,6 +314,7 @@ class GrpcServer:
             await server.stop(None)  # in this loop: left to the collector, it is stopped after the loop closed
             raise
         await self.set_serving(True)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         log.info("%s: gRPC on %s:%d, metrics on http://%s:%d/metrics",
                  self.name, cfg.host, self.port, cfg.host, self.metrics_port)
 

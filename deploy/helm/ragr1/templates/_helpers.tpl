@@ -161,26 +161,32 @@ true
 {{- end -}}
 
 {{/* Liveness and readiness through grpc.health.v1: Kubernetes' native gRPC probe, or the ragr1
-probe with the CA when the server speaks TLS (the native probe cannot). Call with (list $ port). */}}
+probe with the CA when the server speaks TLS (the native probe cannot). Readiness asks the server's own
+status; startup and liveness ask the "liveness" service (ragr1/services/common/server.py LIVENESS), SERVING
+while the server runs: a server that is up but not ready (a policy replica that refused a weight version)
+gets no traffic and is not restarted into the same refusal. Call with (list $ port). */}}
 {{- define "ragr1.probes" -}}
 {{- $root := index . 0 -}}
 {{- $port := index . 1 -}}
-{{- $probe := dict "grpc" (dict "port" $port) -}}
+{{- $ready := dict "grpc" (dict "port" $port) -}}
+{{- $alive := dict "grpc" (dict "port" $port "service" "liveness") -}}
 {{- if $root.Values.tls.enabled -}}
-{{- $probe = dict "exec" (dict "command" (list "python" "-m" "ragr1.services.common.healthcheck" (printf "localhost:%v" $port) "--ca-file" (printf "%s/ca.crt" (include "ragr1.tlsDir" $root)))) -}}
+{{- $command := list "python" "-m" "ragr1.services.common.healthcheck" (printf "localhost:%v" $port) "--ca-file" (printf "%s/ca.crt" (include "ragr1.tlsDir" $root)) -}}
+{{- $ready = dict "exec" (dict "command" $command) -}}
+{{- $alive = dict "exec" (dict "command" (concat $command (list "--service" "liveness"))) -}}
 {{- end -}}
 startupProbe:
-  {{- toYaml $probe | nindent 2 }}
+  {{- toYaml $alive | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 90
 readinessProbe:
-  {{- toYaml $probe | nindent 2 }}
+  {{- toYaml $ready | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: 2
 livenessProbe:
-  {{- toYaml $probe | nindent 2 }}
+  {{- toYaml $alive | nindent 2 }}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 6
