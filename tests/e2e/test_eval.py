@@ -1,5 +1,6 @@
-"""`ragr1 up` and `ragr1 eval` on a few questions of every benchmark, with EM and F1 recomputed here
-independently of the reward service; then `ragr1 up` SIGKILLed, and nothing of its stack left behind."""
+"""`ragr1 up` (two policy replicas) and `ragr1 eval` on a few questions of every benchmark, with EM and F1
+recomputed here independently of the reward service; then `ragr1 up` SIGKILLed, and nothing of its stack
+left behind."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def test_eval_through_the_running_stack(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     up = subprocess.Popen(
         [sys.executable, "-m", "ragr1", "up", "--no-trainer", "--index-passages", "300", "--base-port", str(base),
-         "--run-dir", str(run_dir), "--max-turns", "2", "--max-tokens-per-turn", "64"],
+         "--run-dir", str(run_dir), "--max-turns", "2", "--max-tokens-per-turn", "64", "--policy-replicas", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -85,6 +86,7 @@ def test_eval_through_the_running_stack(tmp_path: Path) -> None:
         # Every process of the stack, vLLM's engine processes included, and every port it listens on.
         stack = [child.pid for child in psutil.Process(up.pid).children(recursive=True)]
         endpoints = json.loads((run_dir / "endpoints.json").read_text())
+        assert [name for name in endpoints["services"] if name.startswith("policy")] == ["policy", "policy-1"]
         ports = [port_of(endpoints["redis"])] + [
             port_of(address) for s in endpoints["services"].values() for address in (s["grpc"], s["metrics"])
         ]
