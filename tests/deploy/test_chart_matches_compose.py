@@ -127,7 +127,8 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
 
 
 def test_the_rollout_worker_has_a_stable_name_per_replica(compose: dict[str, Any], chart: Any) -> None:
-    assert compose["policy"]["environment"]["RAGR1_WORKER_NAME"] == "policy-0"
+    # Compose: none set, so each container of `--scale policy=N` names itself by its hostname (its id).
+    assert "RAGR1_WORKER_NAME" not in compose["policy"]["environment"]
     policy = pod(chart, "StatefulSet", "policy")["containers"][0]
     assert env(policy)["RAGR1_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # <release>-policy-<i>
 
