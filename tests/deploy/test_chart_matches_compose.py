@@ -127,7 +127,8 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
 
 
 def test_the_rollout_worker_has_a_name_of_its_own_per_replica(compose: dict[str, Any], chart: Any) -> None:
-    assert compose["policy"]["environment"]["RAGR1_WORKER_NAME"] == "policy-0"
+    # Compose: none set, so each container of `--scale policy=N` names itself by its hostname (its id).
+    assert "RAGR1_WORKER_NAME" not in compose["policy"]["environment"]
     policy = pod(chart, "Deployment", "policy")["containers"][0]
     # The pod's name: unique in the Deployment, and kept across restarts of the container in its pod.
     assert env(policy)["RAGR1_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}

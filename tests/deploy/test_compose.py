@@ -82,11 +82,41 @@ def test_router_reaches_every_shard_and_policy_its_dependencies(stack: dict[str,
         assert mounts(stack["services"][name])["/checkpoints"] == "checkpoints", name
 
 
+# Every way the overlays combine (TLS sits on top of auth).
+OVERLAYS = [[], ["auth"], ["auth", "tls"], ["gpu"], ["auth", "gpu"], ["auth", "tls", "gpu"]]
+
+
+@pytest.mark.parametrize("overlays", OVERLAYS, ids=lambda o: "+".join(["base", *o]))
+def test_the_policy_can_be_scaled(overlays: list[str]) -> None:
+    """`docker compose up --scale policy=N`: every replica is a container of its own, so nothing may pin
+    one name, host port or consumer name to the service; Redis's address stays in the environment so
+    that the TLS overlay reaches every replica."""
+    files = ["docker-compose.yml", *(f"docker-compose.{name}.yml" for name in overlays)]
+    policy = config(*files)["services"]["policy"]
+    assert "container_name" not in policy and "hostname" not in policy
+    for port in policy.get("ports", []):
+        published = port.get("published") if isinstance(port, dict) else (str(port).split(":")[:-1] or [None])[-1]
+        assert not published, f"a host port ({port}) can be bound by one replica only"
+    assert "RAGR1_WORKER_NAME" not in policy.get("environment", {})
+    assert "--worker-name" not in policy["command"] and "--redis-url" not in policy["command"]
+    assert "replicas" not in policy.get("deploy", {})
+    assert "policy" not in policy.get("depends_on", {})
+
+
 def test_prometheus_scrapes_every_server_on_its_metrics_port(stack: dict[str, Any]) -> None:
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    targets = {t for job in scrape["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
+    (ragr1,) = [job for job in scrape["scrape_configs"] if job["job_name"] == "ragr1"]
+    targets = {t for group in ragr1["static_configs"] for t in group["targets"]}
+    # The policy, which scales, by DNS: one target per replica (each address of the service's name).
+    for found in ragr1["dns_sd_configs"]:
+        assert found["type"] == "A"
+        targets |= {f"{name}:{found['port']}" for name in found["names"]}
     expected = {f"{name}:{port + ports.METRICS_OFFSET}" for name, port in RAGR1_SERVERS.items()}
-    assert expected <= targets
+    assert expected == targets
+    assert "policy:51052" not in {t for group in ragr1["static_configs"] for t in group["targets"]}
+    relabel = [r for r in ragr1["relabel_configs"] if r.get("target_label") == "component"]
+    assert relabel == [{"source_labels": ["__meta_dns_name"], "regex": "policy", "target_label": "component",
+                        "replacement": "policy"}]
     check = subprocess.run([tool("promtool"), "check", "config", str(ROOT / "deploy/prometheus/prometheus.yml")],
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -25,6 +25,14 @@ auth overlay, and Redis over TLS with client certificates: docker-compose.tls.ym
    policy's GetWeightVersion follows them; Prometheus reports every ragr1 target up and every dashboard
    query returns data; `down -v` leaves no container, volume or network of the project. Figures: each
    image's size, build times, the time from `up` to every container healthy, the trainer's peak memory.
+5. In the plain run, the rollout fleet grows while training: after the trainer's first update,
+   `up -d --scale policy=2 --no-recreate policy` (as docs/deployment.md tells a user) adds a replica to
+   the running stack. It must become healthy; the fleet in Redis (`ragr1:replicas` and each replica's
+   report) must show both replicas serving the newest announced version; each replica's count of
+   acknowledged prompts (`ragr1_policy_worker_prompts_total`, one Prometheus target per replica found by
+   DNS) must rise after the scale, so both take prompts; Prometheus must report both policy targets up.
+   Figures: the time from the scale to the new replica healthy and to both replicas taking prompts,
+   the prompts each acknowledged since, the version the fleet serves.
 """
 
 from __future__ import annotations
@@ -78,7 +86,13 @@ SERVICES = [
     "trainer",
     "prometheus",
 ]  # every service but Grafana
-RAGR1_TARGETS = 6  # router, two shards, reward, policy, trainer
+RAGR1_TARGETS = 5  # router, two shards, reward, trainer; plus one per policy replica
+POLICY_PORT, POLICY_METRICS_PORT = 50052, 51052
+# The plain run scales the policy to this many replicas after the trainer's first update.
+POLICY_REPLICAS = 2
+# From the scale to both replicas serving the newest version and having taken prompts: a new vLLM engine
+# starting on a loaded CPU, then at least one admission of prompts that the new replica wins.
+SCALED_TIMEOUT_S = 2400
 
 START = time.monotonic()
 
@@ -362,16 +376,25 @@ def state(container: dict[str, Any]) -> str:
     return f"{s['Status']}:{s['ExitCode']}" if s["Status"] == "exited" else str(s["Status"])
 
 
-def wait_healthy(timeout: float) -> dict[str, str]:
+def container_key(container: dict[str, Any]) -> str:
+    """The service, and the replica's number from the second on (policy, policy#2)."""
+    number = container["Config"]["Labels"].get("com.docker.compose.container-number", "1")
+    return service_of(container) + ("" if number == "1" else f"#{number}")
+
+
+def wait_healthy(timeout: float, replicas: dict[str, int] | None = None) -> dict[str, str]:
+    """Every container healthy (the index job exited 0), with ``replicas`` containers of those services."""
     deadline = time.monotonic() + timeout
     shown = ""
     while True:
-        states = {service_of(c): state(c) for c in containers()}
+        found = containers()
+        states = {container_key(c): state(c) for c in found}
         line = ", ".join(f"{k}={v}" for k, v in sorted(states.items()))
         if line != shown:
             say(f"  {line}")
             shown = line
-        done = set(states) == set(SERVICES) and all(
+        counts = {name: sum(service_of(c) == name for c in found) for name in SERVICES}
+        done = counts == {name: (replicas or {}).get(name, 1) for name in SERVICES} and all(
             v in ("healthy", "exited:0") if k == "index-build" else v in ("healthy", "running")
             for k, v in states.items()
         )
@@ -519,12 +542,17 @@ def check_failure_drills(compose: list[str], env: dict[str, str], token: str) ->
     say("ok: bad input refused naming the limit; shard 1 stopped: UNAVAILABLE naming it; back: served again")
 
 
-def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
+def wait_for_updates(compose: list[str], env: dict[str, str], scale: bool) -> dict[str, Any]:
+    """At least PPO_UPDATES updates that the policy follows; with ``scale``, the policy is scaled to
+    POLICY_REPLICAS replicas once the first is out (see scale_policy)."""
     deadline = time.monotonic() + PPO_TIMEOUT_S
     seen: list[tuple[int, int]] = []
     trainer = next(c for c in containers() if service_of(c) == "trainer")
+    scaled: dict[str, Any] = {}
     while True:
         versions = json.loads(in_container(compose, env, "trainer", VERSIONS))
+        if scale and not scaled and versions["trainer"] >= 1:
+            scaled = scale_policy(compose, env)
         pair = (versions["trainer"], versions["policy"])
         if not seen or seen[-1] != pair:
             say(
@@ -556,12 +584,97 @@ def wait_for_updates(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
     hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
     peak = peak_memory_bytes(trainer["Id"])
     say(f"ok: {len(steps)} PPO updates through Redis, the policy's GetWeightVersion followed: {seen}")
+    if scale:
+        scaled.update(check_scaled_fleet(compose, env, scaled))
     return {
+        "scaled": scaled,
         "updates": len(steps),
         "trainer_rss_gib": int(hwm.group(1)) / 2**20 if hwm else None,
         "trainer_cgroup_gib": peak / 2**30 if peak else None,
         "update_seconds": [round(s.get("update_seconds", 0.0), 1) for s in steps],
     }
+
+
+def policy_containers() -> dict[str, dict[str, Any]]:
+    """The policy's containers by their Prometheus instance (address:metrics port): one target each."""
+    out = {}
+    for c in containers():
+        if service_of(c) == "policy":
+            for network in c["NetworkSettings"]["Networks"].values():
+                out[f"{network['IPAddress']}:{POLICY_METRICS_PORT}"] = c
+    return out
+
+
+def prompts_acked() -> dict[str, float]:
+    """Each policy target's count of prompts it finished and acknowledged, as Prometheus last scraped it."""
+    found = prometheus_query('ragr1_policy_worker_prompts_total{job="ragr1",component="policy",outcome="acked"}')
+    return {r["metric"]["instance"]: float(r["value"][1]) for r in found}
+
+
+# The fleet as the replicas report it (common/fleet.py): the newest announced version, then each report.
+FLEET = (
+    "redis-cli --raw xrevrange ragr1:weights + - count 1; echo ==; "
+    "for name in $(redis-cli --raw smembers ragr1:replicas); do redis-cli --raw get \"ragr1:replicas:$name\"; done"
+)
+
+
+def fleet(compose: list[str], env: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
+    out = run([*compose, "exec", "-T", "redis", "sh", "-c", FLEET], env=env, timeout=60).stdout
+    head, _, reports = out.partition("==\n")
+    fields = head.split()
+    newest = int(fields[fields.index("version") + 1]) if "version" in fields else 0
+    return newest, [json.loads(line) for line in reports.splitlines() if line.strip()]
+
+
+def scale_policy(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Adds replicas to the running stack the way docs/deployment.md tells a user to."""
+    before = prompts_acked()
+    old = {c["Id"] for c in policy_containers().values()}
+    say(f"== scaling the policy: up -d --scale policy={POLICY_REPLICAS} --no-recreate policy")
+    started = time.monotonic()
+    run([*compose, "up", "-d", "--no-build", "--no-recreate", "--scale", f"policy={POLICY_REPLICAS}", "policy"],
+        env=env, timeout=HEALTHY_TIMEOUT_S, log=STATE / "scale.log")
+    wait_healthy(HEALTHY_TIMEOUT_S, {"policy": POLICY_REPLICAS})
+    policies = policy_containers()
+    if len(policies) != POLICY_REPLICAS or not old <= {c["Id"] for c in policies.values()}:
+        raise Failed(f"scaling re-created or lost a policy container: had {old}, now {list(policies.values())}")
+    seconds = time.monotonic() - started
+    say(f"ok: the policy scaled to {POLICY_REPLICAS} replicas, the new one healthy {seconds:.0f}s after `up --scale`")
+    return {"started": started, "healthy_s": seconds, "acked_before": before}
+
+
+def check_scaled_fleet(compose: list[str], env: dict[str, str], scaled: dict[str, Any]) -> dict[str, Any]:
+    """Both replicas serve the newest version in Redis's fleet, and both take prompts after the scale."""
+    deadline = scaled["started"] + SCALED_TIMEOUT_S
+    shown = ""
+    while True:
+        policies = policy_containers()
+        newest, reports = fleet(compose, env)
+        # A replica names itself <hostname>-<pid>; the hostname is its container id's first 12 digits.
+        by_container = {t: [r for r in reports if r["name"].startswith(c["Id"][:12] + "-")]
+                        for t, c in policies.items()}
+        acked = prompts_acked()
+        rose = {t: acked.get(t, 0.0) - scaled["acked_before"].get(t, 0.0) for t in policies}
+        serving = {t: [f"{r['state']} v{r['version']}" for r in found] for t, found in by_container.items()}
+        line = f"newest v{newest}; fleet {serving}; prompts acked since the scale {rose}"
+        if line != shown:
+            say(f"  {line}")
+            shown = line
+        serves = all(len(found) == 1 and found[0]["state"] == "serving" and found[0]["version"] == newest
+                     for found in by_container.values())
+        if len(policies) == POLICY_REPLICAS and serves and len(reports) == POLICY_REPLICAS and all(
+                v > 0 for v in rose.values()):
+            break
+        if time.monotonic() > deadline:
+            raise Failed(f"{SCALED_TIMEOUT_S}s after the scale: {line}")
+        time.sleep(15)
+    took = time.monotonic() - scaled["started"]
+    fleet_metric = {f"{r['metric']['state']} v{r['metric']['version']}": r["value"][1]
+                    for r in prometheus_query("ragr1_trainer_fleet_replicas")}
+    say(f"ok: {POLICY_REPLICAS} replicas serve v{newest} in Redis's fleet (the trainer's gauge: {fleet_metric}); "
+        f"each took prompts after the scale ({took:.0f}s after it): {rose}")
+    return {"version": newest, "both_taking_s": took, "acked_since": sorted(rose.values()),
+            "fleet_metric": fleet_metric}
 
 
 def prometheus_query(expr: str) -> list[Any]:
@@ -574,14 +687,19 @@ def prometheus_query(expr: str) -> list[Any]:
     return list(body["data"]["result"])
 
 
-def check_prometheus() -> int:
+def check_prometheus(policies: int) -> int:
     from tests.deploy.dashboards import expressions, filled
 
+    targets = RAGR1_TARGETS + policies
     up = prometheus_query('up{job="ragr1"}')
     values = {r["metric"]["instance"]: r["value"][1] for r in up}
-    if len(values) != RAGR1_TARGETS or set(values.values()) != {"1"}:
+    if len(values) != targets or set(values.values()) != {"1"}:
         raise Failed(f"ragr1 targets in Prometheus: {values}")
-    say(f"ok: Prometheus has all {RAGR1_TARGETS} ragr1 targets up")
+    found = {r["metric"]["instance"] for r in up if r["metric"].get("component") == "policy"}
+    if found != set(policy_containers()):
+        raise Failed(f"Prometheus's policy targets {sorted(found)} are not the policy's containers "
+                     f"{sorted(policy_containers())}")
+    say(f"ok: Prometheus has all {targets} ragr1 targets up, the policy's {policies} found by DNS")
     empty = []
     queries = expressions()
     for board, title, expr in queries:
@@ -645,8 +763,8 @@ def run_stack(compose_base: list[str], mode: str, images: dict[str, str], keep: 
         check_failure_drills(compose, env, token)
         if mode == "auth":
             check_redis_refuses(compose, env)
-        figures.update(wait_for_updates(compose, env))
-        figures["dashboard_queries"] = check_prometheus()
+        figures.update(wait_for_updates(compose, env, scale=mode == "plain"))
+        figures["dashboard_queries"] = check_prometheus(POLICY_REPLICAS if mode == "plain" else 1)
         restarted = {service_of(c): c["RestartCount"] for c in containers() if c["RestartCount"]}
         oom = [service_of(c) for c in containers() if c["State"].get("OOMKilled")]
         if restarted or oom:
@@ -692,6 +810,15 @@ def report(build: dict[str, Any], stacks: list[dict[str, Any]]) -> None:
             f"(container, page cache included: {gib(s.get('trainer_cgroup_gib'))}); "
             f"{s['dashboard_queries']} dashboard queries with data; `down -v` {s.get('down_s', 0):.0f} s"
         )
+        scaled = s.get("scaled")
+        if scaled:
+            print(
+                f"{s['mode']}: scaled to {POLICY_REPLICAS} policy replicas after the first update: the new one "
+                f"healthy {scaled['healthy_s']:.0f} s after `up --scale`; both serving v{scaled['version']} in "
+                f"Redis's fleet and both taking prompts {scaled['both_taking_s']:.0f} s after it (prompts acked "
+                f"since, per replica: {scaled['acked_since']}); the trainer's fleet gauge {scaled['fleet_metric']}; "
+                f"{RAGR1_TARGETS + POLICY_REPLICAS} targets up"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
