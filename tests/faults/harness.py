@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import re
 import signal
@@ -115,6 +116,7 @@ class Chaos:
         self._scale: subprocess.Popen[bytes] | None = None
         self._paused_at: float | None = None
         self._trainer_pid: int | None = None
+        self._killed_pid: int | None = None
         assert supervisor.auth is not None
         self.options = supervisor.auth.channel_options()
 
@@ -148,8 +150,11 @@ class Chaos:
         fault = next((f for f in self.faults if not f.done), None)
         busy = fault is not None and (bool(fault.detail) or version >= fault.at_version)
         kills = len(self.trainer_kills)
+        # A process SIGKILLed may take seconds to exit on a loaded machine: the next kill waits for its successor.
         if (not busy and kills < TRAINER_KILLS and version >= kills // 2 and version < self.updates and trainer.alive()
+                and self._trainer_pid != self._killed_pid
                 and time.monotonic() - self.started_at > self.next_kill_after):
+            self._killed_pid = self._trainer_pid
             trainer.signal(signal.SIGKILL)
             self.trainer_kills.append({"at_version": version, "seconds_after_start": round(self.next_kill_after, 1)})
             print(f"chaos: trainer SIGKILLed ({kills + 1} of {TRAINER_KILLS}) at version {version}, "
@@ -592,8 +597,15 @@ def command_lines() -> dict[int, bytes]:
 
 
 def engine_processes() -> set[int]:
-    """vLLM's engine-core and worker processes on this machine (they name themselves ``VLLM::…``)."""
-    return {pid for pid, cmdline in command_lines().items() if cmdline.startswith(b"VLLM::")}
+    """vLLM's engine-core and worker processes of this user (they name themselves ``VLLM::…``); a container's,
+    run as its own user, are not the stack's."""
+    uid = os.getuid()
+    found = set()
+    for pid, cmdline in command_lines().items():
+        with contextlib.suppress(OSError):
+            if cmdline.startswith(b"VLLM::") and Path(f"/proc/{pid}").stat().st_uid == uid:
+                found.add(pid)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
