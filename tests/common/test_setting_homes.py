@@ -39,6 +39,8 @@ DISTINCT = {
     "num_shards": "shard files of a build; the stack's shard processes (two, so that searches fan out)",
     "max_passage_tokens": "the stack indexes shorter passages than the encoder's preset, to build in minutes",
     "max_query_chars": "the policy cuts its queries to this length; the router refuses longer ones",
+    "run_dir": "`ragr1 scale` names the folder of a running stack; the stack's own says where to write one",
+    "policy_replicas": "`ragr1 scale` has no default: a forgotten flag must not scale a running stack down to 1",
 }
 
 
