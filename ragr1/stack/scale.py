@@ -25,10 +25,9 @@ from ragr1.services.common.client import ChannelOptions
 from ragr1.services.common.process import wait_serving
 from ragr1.stack.auth import StackAuth
 from ragr1.stack.config import ScaleConfig
-from ragr1.stack.supervisor import ServiceSpec, StackError, Supervisor
+from ragr1.stack.supervisor import ENDPOINTS, ServiceSpec, StackError, Supervisor
 
 REQUEST = "scale.json"
-ENDPOINTS = "endpoints.json"
 # The first replica keeps the name every other part of the stack knows it by (``ragr1 eval``, the demo).
 FIRST = "policy"
 # A replica's shutdown: the policy's grace time for rollouts in flight, then some.

@@ -26,6 +26,10 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer
 from ragr1.stack.auth import StackAuth
 
+# What a running stack writes into its run folder: every service's addresses (``ragr1 eval`` and
+# ``ragr1 scale`` read it).
+ENDPOINTS = "endpoints.json"
+
 
 @dataclasses.dataclass
 class ServiceSpec:
@@ -202,7 +206,7 @@ class Supervisor:
         return out
 
     def write_endpoints(self) -> Path:
-        path = self.run_dir / "endpoints.json"
+        path = self.run_dir / ENDPOINTS
         path.write_text(json.dumps(self.endpoints(), indent=2) + "\n")
         return path
 
