@@ -35,10 +35,10 @@ from tqdm import tqdm
 
 from ragr1.errors import ServiceCallError
 from ragr1.model_paths import find_model, policy_checkpoint
-from ragr1.services.common import lifeline
+from ragr1.services.common import fleet, lifeline
 from ragr1.services.common.config import check_at_least, check_choice, flags, load, section, setting
 from ragr1.services.common.server import ServerConfig
-from ragr1.services.common.streams import PROMPTS, QueueConfig, StreamQueue
+from ragr1.services.common.streams import PROMPTS, WORKERS, QueueConfig, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.client import TrainerClient
 from ragr1.services.trainer.config import PPOConfig, SFTConfig
@@ -55,8 +55,9 @@ PRESETS = Path(__file__).resolve().parent / "presets"
 DEFAULT_PRESET = "default"
 STAGES = ("base", "sft", "rl")
 EVAL_MODES = ("none", "single", "multi")
+# The version the SFT weights are announced as; RL trains on from it (the base model is version 0).
+SFT_VERSION = 1
 # The rollout workers' consumer group on the prompts stream (the policy's default).
-WORKER_GROUP = "rollout-workers"
 # What the demo sets on its ``ragr1 train sft`` and ``ragr1 train ppo`` itself: where they run, what they
 # start from and write, its own question files, and the information blocks, which must be the policy's.
 SFT_SET_BY_DEMO = ("model", "train_files", "limit", "modes", "top_k", "tokens_per_query", "output_dir")
@@ -204,9 +205,19 @@ class Demo:
         self.stages.append(result)
         return result
 
+    def announce(self, supervisor: Supervisor, version: int, checkpoint: Path) -> None:
+        """Announces ``checkpoint`` as ``version`` in the stack's Redis, the route every weight version takes to
+        the replicas (the trainer's own included: it starts from this version and finds it announced)."""
+        assert supervisor.redis is not None
+        client = supervisor.redis.client()
+        try:
+            fleet.announce_checkpoint(client, version, checkpoint.resolve())
+        finally:
+            client.close()
+
     def wait_for_version(self, policy: PolicyClient, version: int, timeout: float = 600.0) -> None:
-        """The trainer announces its last version and exits; the rollout worker loads it after the rollouts
-        it holds have finished on the version before."""
+        """Waits until the policy serves ``version``: the rollout worker loads an announced version after the
+        rollouts it holds have finished on the version before."""
         deadline = time.monotonic() + timeout
         while (served := policy.weight_version().version) < version:
             if time.monotonic() > deadline:
@@ -219,7 +230,7 @@ class Demo:
         """Evaluation must not share the engine with rollouts: waits until no prompt is in flight."""
         assert supervisor.redis is not None
         client = supervisor.redis.client()
-        prompts: StreamQueue[Any] = StreamQueue(client, PROMPTS, common_pb2.PromptTask, group=WORKER_GROUP)
+        prompts: StreamQueue[Any] = StreamQueue(client, PROMPTS, common_pb2.PromptTask, group=WORKERS)
         deadline = time.monotonic() + timeout
         while prompts.pending() or prompts.undelivered():
             if time.monotonic() > deadline:
@@ -311,13 +322,13 @@ class Demo:
                     self.evaluate("base", policy)
                 with self._phase("sft"):
                     sft_checkpoint = self.sft()
-            update = policy.update_weights(1, str(sft_checkpoint))
-            print(f"policy serves the SFT weights {sft_checkpoint} as version {update.version} "
-                  f"({update.seconds:.1f} s)", flush=True)
+            self.announce(supervisor, SFT_VERSION, sft_checkpoint)
+            self.wait_for_version(policy, SFT_VERSION)
+            print(f"policy serves the SFT weights {sft_checkpoint} as version {SFT_VERSION}", flush=True)
             with self._phase("evaluate sft"):
                 self.evaluate("sft", policy)
             with self._phase("rl"):
-                final_version = self.rl(supervisor, sft_checkpoint, start_version=1)
+                final_version = self.rl(supervisor, sft_checkpoint, start_version=SFT_VERSION)
                 self.wait_for_version(policy, final_version)
                 self.wait_for_idle_workers(supervisor)
             with self._phase("evaluate rl"):

@@ -1,7 +1,9 @@
 """Rollout workers following the weight versions announced in Redis (``follower.WeightFollower``), on a real
 Redis with the policy's real weight path (checkpoint check, digest, version fence) and an engine that only
-records what it loads: a replica that starts finds the newest version before it takes a prompt, loads each
-later one, and refuses one whose digest does not match what it reads, alone."""
+records what it loads (the issue allows a double for the follower's logic; tests/policy/test_integration.py and
+make test-faults run the real engine): a replica that starts finds the newest version before it takes a prompt,
+the starting weights included, loads each later one, waits for a checkpoint that is not complete, refuses one
+that never is, alone, and tries it again."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import redis
 from safetensors.numpy import save_file
 
 from ragr1.services.common import fleet
-from ragr1.services.common.hashing import checkpoint_sha256
+from ragr1.services.common.errors import Unavailable
+from ragr1.services.common.hashing import checkpoint_files, checkpoint_sha256
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.follower import WeightFollower
@@ -50,11 +53,13 @@ class CharTokenizer:
 
 
 class LoadingEngine:
-    """Records the checkpoints loaded into it; ``gate`` (when given) holds each load until it is set."""
+    """Records the checkpoints loaded into it; ``gate`` (when given) holds each load until it is set; the first
+    ``failures`` loads raise, as an engine that failed part-way through replacing its weights does."""
 
-    def __init__(self, gate: asyncio.Event | None = None) -> None:
+    def __init__(self, gate: asyncio.Event | None = None, failures: int = 0) -> None:
         self.loaded: list[Path] = []
         self.gate = gate
+        self.failures = failures
 
     async def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling,
                        stop: Sequence[str]) -> list[Generation]:
@@ -66,6 +71,9 @@ class LoadingEngine:
     async def reload_weights(self, checkpoint: Path) -> None:
         if self.gate is not None:
             await self.gate.wait()
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("the engine failed half-way through the load")
         self.loaded.append(checkpoint)
 
 
@@ -73,13 +81,14 @@ class Replica:
     """A policy with its follower, as ``policy.server`` wires them, and its health switch recorded."""
 
     def __init__(self, client: redis.Redis, name: str, model_dir: Path, engine: LoadingEngine | None = None,
-                 checkpoint_wait_seconds: float = 0.0) -> None:
+                 checkpoint_wait_seconds: float = 0.0, retry_seconds: float = 60.0) -> None:
         self.engine = engine or LoadingEngine()
         self.policy = Policy(self.engine, CharTokenizer(), ScriptedSearch(), LoopConfig(), model_dir=model_dir,
                              default_sampling=Sampling(), limits=RolloutLimits(max_batch=4))
         self.health: list[bool] = []
         self.follower = WeightFollower(self.policy, client, name, heartbeat_seconds=0.05,
-                                       checkpoint_wait_seconds=checkpoint_wait_seconds, set_serving=self._serving)
+                                       checkpoint_wait_seconds=checkpoint_wait_seconds, retry_seconds=retry_seconds,
+                                       set_serving=self._serving)
         self.stop = asyncio.Event()
         self.task: asyncio.Future[None] | None = None
 
@@ -110,8 +119,11 @@ def reported(client: redis.Redis) -> dict[str, tuple[int, str, int]]:
     return {r.name: (r.version, r.state, r.target) for r in fleet.replicas(client)}
 
 
-def announce(client: redis.Redis, version: int, path: Path, sha256: str | None = None) -> None:
-    assert fleet.announce(client, version, str(path), sha256 or checkpoint_sha256(path))
+def announce(client: redis.Redis, version: int, path: Path, sha256: str | None = None,
+             files: dict[str, int] | None = None) -> None:
+    """Announces ``path`` as the trainer does: its digest and its files (those of ``path`` unless given)."""
+    listed = files if files is not None else checkpoint_files(path)
+    assert fleet.announce(client, version, str(path), sha256 or checkpoint_sha256(path), listed)
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -149,13 +161,20 @@ def test_a_replica_that_starts_loads_the_newest_version_before_it_takes_a_prompt
     run(scenario)
 
 
-def test_a_replica_with_nothing_announced_serves_its_starting_weights(redis_client: redis.Redis,
-                                                                       tmp_path: Path) -> None:
+def test_with_nothing_announced_a_replica_serves_calls_but_takes_no_prompt_until_a_version_is(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """Its own model is all it can serve (health SERVING for calls), but a rollout needs the version the
+    trainer trains from: the trainer's starting weights, announced as v0, are its own model here (same digest),
+    so nothing is loaded."""
     model = checkpoint(tmp_path / "model", 0.0)
 
     async def scenario() -> None:
         replica = Replica(redis_client, "policy-0", model)
         replica.start()
+        await until(lambda: replica.health == [True], "never ready for calls")
+        await asyncio.sleep(0.3)
+        assert not replica.follower.accepting.is_set() and replica.follower.state == fleet.STARTING
+        announce(redis_client, 0, model)
         await until(replica.follower.accepting.is_set, "never took prompts")
         assert replica.version == 0 and replica.engine.loaded == []
         first = checkpoint(tmp_path / "v1", 1.0)
@@ -166,11 +185,43 @@ def test_a_replica_with_nothing_announced_serves_its_starting_weights(redis_clie
     run(scenario)
 
 
-def test_a_digest_mismatch_is_refused_by_that_replica_alone(redis_client: redis.Redis, tmp_path: Path) -> None:
+def test_starting_weights_other_than_its_own_model_are_loaded_before_the_first_prompt(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """A trainer that starts from an SFT checkpoint announces it as v0; a replica (started, or restarted between
+    SFT and the first update) whose own model is the base loads it, as v0, before it takes a prompt, and
+    reports loading, not serving, meanwhile."""
+    base = checkpoint(tmp_path / "base", 0.0)
+    sft = checkpoint(tmp_path / "sft", 0.5)
+    announce(redis_client, 0, sft)
+
+    async def scenario() -> None:
+        held = asyncio.Event()
+        replica = Replica(redis_client, "policy-0", base, LoadingEngine(gate=held))
+        replica.start()
+        await until(lambda: reported(redis_client).get("policy-0") == (0, fleet.LOADING, 0), "never reported loading")
+        assert not replica.follower.accepting.is_set() and replica.health == []  # not ready while it loads
+        held.set()
+        await until(replica.follower.accepting.is_set, "never took prompts")
+        assert replica.engine.loaded == [sft] and replica.version == 0 and replica.health == [True]
+        assert (await replica.policy.served_checkpoint())[2] == checkpoint_sha256(sft)
+        await until(lambda: reported(redis_client).get("policy-0") == (0, fleet.SERVING, 0), "never reported serving")
+        await replica.close()
+        # Restarted (a new process: its own model again), it loads the SFT weights again before any prompt.
+        again = Replica(redis_client, "policy-0", base)
+        again.start()
+        await until(again.follower.accepting.is_set, "the restarted replica never took prompts")
+        assert again.engine.loaded == [sft]
+        await again.close()
+
+    run(scenario)
+
+
+def test_a_digest_mismatch_is_refused_by_that_replica_alone_and_tried_again(redis_client: redis.Redis,
+                                                                          tmp_path: Path) -> None:
     """policy-0 loaded v1; then the checkpoint's file changed under it (a damaged copy on the storage a
     replica reads), and policy-1, starting, reads other weights than the ones announced: it loads nothing,
-    says why, takes no prompt and turns NOT_SERVING, while policy-0 goes on. A later good version brings it
-    back."""
+    says why, takes no prompt and turns NOT_SERVING, while policy-0 goes on. It tries the version again: once
+    the copy is repaired, it loads it."""
     model = checkpoint(tmp_path / "model", 0.0)
     v1 = checkpoint(tmp_path / "v1", 1.0)
     announce(redis_client, 1, v1)
@@ -180,7 +231,7 @@ def test_a_digest_mismatch_is_refused_by_that_replica_alone(redis_client: redis.
         good.start()
         await until(lambda: good.version == 1, "policy-0 never loaded v1")
         save_file({"w": np.full((4,), 9.0, dtype=np.float32)}, str(v1 / "model.safetensors"))
-        damaged = Replica(redis_client, "policy-1", model)
+        damaged = Replica(redis_client, "policy-1", model, retry_seconds=0.5)
         damaged.start()
         await until(lambda: reported(redis_client).get("policy-1", (0, "", 0))[1] == fleet.REFUSED,
                     "policy-1 never refused")
@@ -190,38 +241,44 @@ def test_a_digest_mismatch_is_refused_by_that_replica_alone(redis_client: redis.
         assert report.target == 1 and "hash to sha256" in report.reason and "not the" in report.reason
         assert good.follower.accepting.is_set() and good.health == [True] and good.version == 1
         assert reported(redis_client)["policy-0"] == (1, fleet.SERVING, 0)
-        # Refused versions are not tried again; a later one that loads brings the replica back.
-        v2 = checkpoint(tmp_path / "v2", 2.0)
-        announce(redis_client, 2, v2)
-        await until(lambda: damaged.version == 2 and good.version == 2, "v2 never loaded")
-        await until(damaged.follower.accepting.is_set, "policy-1 never took prompts again")
-        assert damaged.health == [False, True] and damaged.engine.loaded == [v2]
-        await until(lambda: reported(redis_client)["policy-1"] == (2, fleet.SERVING, 0), "policy-1 never reported v2")
+        save_file({"w": np.full((4,), 1.0, dtype=np.float32)}, str(v1 / "model.safetensors"))  # repaired
+        await until(lambda: damaged.version == 1, "the refused version was never tried again")
+        await until(damaged.follower.accepting.is_set, "policy-1 never took prompts")
+        assert damaged.health == [False, True] and damaged.engine.loaded == [v1]
+        await until(lambda: reported(redis_client)["policy-1"] == (1, fleet.SERVING, 0), "policy-1 never reported v1")
         await good.close()
         await damaged.close()
 
     run(scenario)
 
 
-def test_a_checkpoint_that_is_not_there_yet_is_waited_for_then_refused(redis_client: redis.Redis,
-                                                                      tmp_path: Path) -> None:
-    """Shared storage may show another host's new directory late: the replica waits checkpoint_wait_seconds
-    for it; one that never comes is refused with the reason."""
+def test_a_checkpoint_whose_directory_appears_before_its_files_is_loaded_once_complete(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """Shared storage may show another host's new directory before its files, and a file before all its
+    bytes: the announcement lists every file with its size, and the replica loads the version once they are
+    all there, never refusing it meanwhile; one that never comes is refused with the reason."""
     model = checkpoint(tmp_path / "model", 0.0)
     weights = checkpoint(tmp_path / "staging", 1.0)
-    digest = checkpoint_sha256(weights)
+    files, digest = checkpoint_files(weights), checkpoint_sha256(weights)
     late = tmp_path / "v1"
-    announce(redis_client, 1, late, digest)
+    announce(redis_client, 1, late, digest, files)
 
     async def scenario() -> None:
-        replica = Replica(redis_client, "policy-0", model, checkpoint_wait_seconds=5.0)
+        replica = Replica(redis_client, "policy-0", model, checkpoint_wait_seconds=20.0)
         replica.start()
         await asyncio.sleep(0.3)
-        assert replica.version == 0 and not replica.follower.accepting.is_set()
-        weights.rename(late)
-        await until(lambda: replica.version == 1, "the late checkpoint was never loaded")
+        late.mkdir()  # the directory, empty
+        (late / "config.json").write_bytes((weights / "config.json").read_bytes())
+        data = (weights / "model.safetensors").read_bytes()
+        (late / "model.safetensors").write_bytes(data[: len(data) // 2])  # half copied
+        await asyncio.sleep(1.0)
+        assert replica.version == 0 and replica.engine.loaded == [] and not replica.follower.accepting.is_set()
+        assert replica.follower.state == fleet.LOADING and replica.health == []
+        (late / "model.safetensors").write_bytes(data)
+        await until(lambda: replica.version == 1, "the completed checkpoint was never loaded")
+        assert replica.engine.loaded == [late] and replica.health == [True]
         await replica.close()
-        announce(redis_client, 2, tmp_path / "never", digest)
+        announce(redis_client, 2, tmp_path / "never", digest, files)
         impatient = Replica(redis_client, "policy-1", model, checkpoint_wait_seconds=0.2)
         impatient.start()
         await until(lambda: impatient.follower.state == fleet.REFUSED, "the missing checkpoint was never refused")
@@ -231,32 +288,51 @@ def test_a_checkpoint_that_is_not_there_yet_is_waited_for_then_refused(redis_cli
     run(scenario)
 
 
-def test_the_worker_takes_no_prompt_until_the_replica_accepts(redis_client: redis.Redis, tmp_path: Path) -> None:
+def test_a_version_announced_while_a_checkpoint_is_waited_for_is_loaded_instead(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """A lagging replica waiting for v1 (pruned, or never complete) goes to v2 as soon as it is announced,
+    without waiting out checkpoint_wait_seconds, and never loads v1."""
     model = checkpoint(tmp_path / "model", 0.0)
-    prompts = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w1")
-    prompts.ensure_group()
-    prompts.produce([common_pb2.PromptTask(id="p", question="q?")])
-    rollouts = StreamQueue(redis_client, ROLLOUTS, common_pb2.Rollout, group="trainer")
+    staged = checkpoint(tmp_path / "staging", 1.0)
+    announce(redis_client, 1, tmp_path / "v1", checkpoint_sha256(staged), checkpoint_files(staged))
 
     async def scenario() -> None:
-        policy = Policy(LoadingEngine(), CharTokenizer(), ScriptedSearch(), LoopConfig(), model_dir=model,
-                        default_sampling=Sampling(), limits=RolloutLimits(max_batch=4))
-        accepting, stop = asyncio.Event(), asyncio.Event()
-        worker = RolloutWorker(policy, None, prompts, rollouts, Sampling(), batch=4, block_ms=10,  # type: ignore[arg-type]
-                               reclaim_idle_ms=60_000, dead_letter_retrieval_errors=False, accepting=accepting)
-        taken: list[int] = []
+        replica = Replica(redis_client, "policy-0", model, checkpoint_wait_seconds=60.0)
+        replica.start()
+        await until(lambda: replica.follower.state == fleet.LOADING, "never waited for v1")
+        v2 = checkpoint(tmp_path / "v2", 2.0)
+        announce(redis_client, 2, v2)
+        await until(lambda: replica.version == 2, "v2 was never loaded", seconds=15)
+        assert replica.engine.loaded == [v2] and replica.follower.accepting.is_set()
+        await replica.close()
 
-        async def step() -> int:
-            taken.append(1)
-            stop.set()
-            return 0
+    run(scenario)
 
-        worker.step = step  # type: ignore[method-assign]
-        running = asyncio.ensure_future(worker.run(stop))
-        await asyncio.sleep(0.2)
-        assert taken == [] and prompts.undelivered() == 1
-        accepting.set()
-        await asyncio.wait_for(running, 5)
-        assert taken == [1]
+
+def test_a_load_that_fails_in_the_engine_keeps_the_replica_out_until_a_load_succeeds(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """The engine may have replaced some weights and not others: nothing runs on them (a rollout is refused
+    with UNAVAILABLE, not run on the old version's label), the replica refuses the version, and tries it
+    again; the load that succeeds brings it back."""
+    model = checkpoint(tmp_path / "model", 0.0)
+    v1 = checkpoint(tmp_path / "v1", 1.0)
+    announce(redis_client, 1, v1)
+
+    async def scenario() -> None:
+        replica = Replica(redis_client, "policy-0", model, LoadingEngine(failures=1), retry_seconds=0.5)
+        replica.start()
+        await until(lambda: replica.follower.state == fleet.REFUSED, "the failed load was never refused")
+        assert "half-way" in replica.follower.reason and replica.health == [False]
+        assert replica.policy.gate.failed and not replica.follower.accepting.is_set()
+        try:
+            async with replica.policy.gate.rollout():
+                raise AssertionError("a rollout ran on weights the engine failed to load")
+        except Unavailable as exc:
+            assert "unknown" in str(exc)
+        await until(lambda: replica.version == 1 and replica.follower.accepting.is_set(), "never tried again")
+        assert replica.engine.loaded == [v1] and not replica.policy.gate.failed and replica.health == [False, True]
+        async with replica.policy.gate.rollout() as version:
+            assert version == 1
+        await replica.close()
 
     run(scenario)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from ragr1.services.common import fleet
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
-from ragr1.services.policy.agent import LoopConfig, Sampling, Task
+from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling, Task
 from ragr1.services.policy.backends import RewardServiceScorer
+from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy, RolloutLimits
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2
@@ -195,4 +198,104 @@ def test_a_restarted_worker_resumes_its_own_pending_prompts_at_once(
     policy = make_policy(tokenizer, policy_model_dir, ScriptedSearch())
     assert run_step(worker_for(policy, reward_server, prompts, rollouts, dead_letter=False)) == 2
     assert sorted(d.message.task_id for d in rollouts.consume(10)) == ["fr", "ham"]
+    assert prompts.pending() == 0
+
+
+class PausedEngine(ScriptedEngine):
+    """Generates nothing until aborted, as a vLLM engine in the middle of long generations; aborted, each
+    request comes back with what it had (nothing) and finish_reason "abort", as vLLM's do."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer, SCRIPT)
+        self.started = asyncio.Event()
+        self.aborted = asyncio.Event()
+
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling,
+                       stop: Sequence[str]) -> list[Generation]:
+        self.started.set()
+        await self.aborted.wait()
+        return [Generation([], [], None, "abort", None) for _ in requests]
+
+    async def abort_all(self) -> None:
+        self.aborts += 1
+        self.aborted.set()
+
+
+def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_at_once(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Asked to stop mid-rollout (SIGTERM: a scale-down), the worker takes no new prompt, gives its batch
+    leave_seconds, aborts it, and hands both prompts back: another worker's reclaim takes them at its next
+    look, though its idle threshold (reclaim_idle_ms, 10 minutes) is far from reached, with their delivery counts
+    unchanged; the leaving consumer is gone from the group, and nothing was acknowledged or produced."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([*tasks(), common_pb2.PromptTask(id="later", question="Capital of France?")])
+    engine = PausedEngine(tokenizer)
+    policy = Policy(engine, tokenizer, ScriptedSearch(), LoopConfig(), model_dir=policy_model_dir,
+                    default_sampling=Sampling(), limits=RolloutLimits(max_batch=8))
+    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=2,
+                           block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
+                           leave_seconds=0.3)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        await asyncio.wait_for(engine.started.wait(), 10)
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+    assert engine.aborts == 1  # the fault happened: the batch was cut off mid-generation
+    assert rollouts.consume(10) == [] and not prompts.is_done("fr") and not prompts.is_done("ham")
+    consumers = {c["name"].decode() for c in redis_client.xinfo_consumers(PROMPTS, "w")}
+    assert "w1" not in consumers
+    other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+    taken = other.reclaim(600_000, 10)
+    assert sorted(d.message.id for d in taken) == ["fr", "ham"]
+    assert [d.deliveries for d in taken] == [1, 1]  # the hand-back counted as no failed delivery
+    # The prompt the leaving worker never took is still there for anyone, once.
+    assert [d.message.id for d in other.consume(10)] == ["later"]
+    assert prompts.backlog().holders == 1 and prompts.pending() == 3
+
+
+def test_the_worker_takes_no_prompt_until_its_replica_serves_the_announced_version(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """The follower and the worker as the server wires them: prompts queued before any version is announced
+    (another run's, or a trainer that has not announced yet) wait; the trainer's starting weights announced as
+    v0, here the replica's own model, the worker takes them and every rollout carries v0."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce(tasks())
+    policy = make_policy(tokenizer, policy_model_dir, ScriptedSearch())
+    serving: list[bool] = []
+
+    async def health(ready: bool) -> None:
+        serving.append(ready)
+
+    follower = WeightFollower(policy, redis_client, "w1", heartbeat_seconds=0.1, checkpoint_wait_seconds=1.0,
+                              retry_seconds=1.0, set_serving=health)
+    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=8,
+                           block_ms=100, reclaim_idle_ms=60_000, dead_letter_retrieval_errors=False,
+                           accepting=follower.accepting)
+
+    async def scenario() -> list[Any]:
+        stop = asyncio.Event()
+        jobs = [asyncio.ensure_future(follower.run(stop)), asyncio.ensure_future(worker.run(stop))]
+        await asyncio.sleep(1.0)
+        assert prompts.undelivered() == 2 and serving == [True]  # ready for calls, but no prompt taken
+        assert fleet.announce_checkpoint(redis_client, 0, policy_model_dir)
+        produced: list[Any] = []
+        for _ in range(100):
+            produced += await asyncio.to_thread(rollouts.consume, 10, 100)
+            if len(produced) == 2:
+                break
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*jobs), 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+        return produced
+
+    produced = asyncio.run(scenario())
+    assert sorted(d.message.task_id for d in produced) == ["fr", "ham"]
+    assert {d.message.policy_version for d in produced} == {0}
     assert prompts.pending() == 0

@@ -17,15 +17,18 @@ import redis
 import torch
 from prometheus_client import REGISTRY
 
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
+from ragr1.services.common import fleet
+from ragr1.services.common.hashing import checkpoint_sha256
+from ragr1.services.common.streams import PROMPTS, ROLLOUTS, WORKERS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
-from ragr1.services.trainer.loop.ppo_loop import check_rollout, to_sample
+from ragr1.services.trainer.loop.ppo_loop import PPOLoop, check_rollout, to_sample
+from ragr1.services.trainer.publisher import WeightPublisher
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.command import ROOT, child_env, run_train_ppo, train_ppo
-from tests.trainer.rollouts import make_loop, make_rollout, produce
+from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_config
 
 
 def test_check_rollout_names_the_problem() -> None:
@@ -371,3 +374,24 @@ def test_trainer_refuses_a_prompt_file_with_missing_fields_before_training(
     assert result.returncode == 2
     assert f"{prompts}:2: missing field '{field}'" in result.stderr.decode()
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_the_trainer_announces_its_starting_weights_makes_the_workers_group_and_keeps_versions_in_use(
+    redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Before any worker exists the trainer creates the workers' group (the autoscaler's backlog is the
+    group's) and announces the model it starts from as v0; pruning (keep 1) keeps v1, which a lagging replica
+    reports loading, and removes nothing else a replica uses."""
+    config = tiny_config(batch_size=2, max_updates=2, max_staleness=2, model=str(tiny_model_dir))
+    checkpoints = Checkpointer(tmp_path / "checkpoints", keep=1)
+    publisher = WeightPublisher(redis_client, timeout=600)
+    loop = PPOLoop(config, redis_client, [common_pb2.PromptTask(id="t", question="q?")],
+                   PPOUpdater.build(config, tiny_model_dir), checkpoints, StepLog(tmp_path / "steps.jsonl"), publisher)
+    fleet.report(redis_client, fleet.ReplicaReport("lagging", 0, fleet.LOADING, target=1), 600)
+    produce(redis_client, [make_rollout(f"r{i}") for i in range(4)])
+    assert loop.run() == 2
+    first, *_, last = [fleet.Announcement.read(*e) for e in redis_client.xrange(fleet.WEIGHTS)]
+    assert (first.version, first.sha256) == (0, checkpoint_sha256(tiny_model_dir))
+    assert first.path == str(tiny_model_dir.resolve()) and last.version == 2
+    assert WORKERS.encode() in [g["name"] for g in redis_client.xinfo_groups(PROMPTS)]
+    assert checkpoints.versions() == [1, 2]  # v1 in use by "lagging"; nothing older existed

@@ -66,18 +66,42 @@ def test_replicas_whose_heartbeats_stopped_leave_the_gauges(redis_client: redis.
     assert replicas_gauge(0, fleet.SERVING) is None and math.isnan(oldest())  # type: ignore[arg-type]
 
 
-def test_every_live_replica_refusing_the_version_stops_the_trainer_at_once(
+def test_a_refusal_alone_stops_nothing_but_a_fleet_refusing_for_the_timeout_does(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    publisher = WeightPublisher(redis_client, timeout=3600)
+    """A replica that refused a version tries it again (a checkpoint shared storage showed late), so the trainer
+    waits out weights_timeout_seconds for it; one replica refusing while another serves stops nothing."""
+    clock = Clock()
+    publisher = WeightPublisher(redis_client, timeout=100, clock=clock)
     publisher.publish(2, tmp_path, "a" * 64)
     report(redis_client, "policy-0", 1, fleet.REFUSED, target=2, reason="its weights hash to sha256 00")
     report(redis_client, "policy-1", 2)
     publisher.watch()  # one replica serves v2: training goes on without the other
     fleet.withdraw(redis_client, "policy-1")
-    with pytest.raises(PublishError, match="every policy replica refused weights v2: policy-0 serves v1, refused v2: "
-                                           "its weights hash to sha256 00"):
+    publisher.watch()  # every replica refused, once: it will try again
+    clock.now = 99.0
+    publisher.watch()
+    clock.now = 100.0
+    with pytest.raises(PublishError, match="no policy replica has served weights v2 for 100 s .*policy-0 serves v1, "
+                                           "refused v2: its weights hash to sha256 00"):
         publisher.watch()
+
+
+def test_a_replica_still_loading_the_starting_weights_does_not_follow_them(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The starting weights are v0, as a replica's own model is: at equal versions, loading or refusing v0 is
+    not serving it."""
+    clock = Clock()
+    publisher = WeightPublisher(redis_client, timeout=10, clock=clock)
+    publisher.publish(0, tmp_path, "a" * 64)
+    report(redis_client, "policy-0", 0, fleet.REFUSED, target=0, reason="architecture")
+    publisher.watch()
+    clock.now = 10.0
+    with pytest.raises(PublishError, match="weights v0 for 10 s"):
+        publisher.watch()
+    report(redis_client, "policy-0", 0)  # serving v0
+    publisher.watch()
 
 
 def test_a_fleet_behind_for_the_timeout_stops_the_trainer_and_an_empty_one_never(
@@ -111,21 +135,32 @@ def test_a_fleet_behind_for_the_timeout_stops_the_trainer_and_an_empty_one_never
     publisher.watch()
 
 
-def test_resume_announces_a_checkpoint_redis_lacks_and_refuses_newer_announcements(
+def test_resume_announces_the_weights_redis_lacks_and_refuses_other_runs_announcements(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "model.safetensors").write_bytes(b"w")
     publisher = WeightPublisher(redis_client, timeout=60)
-    publisher.resume(0, None)  # a fresh run: nothing to announce
-    assert fleet.latest(redis_client) is None
+    publisher.resume(0, start, "s" * 64)  # a fresh run: its starting weights, as v0
+    announced = fleet.latest(redis_client)
+    assert announced is not None and (announced.version, announced.sha256) == (0, "s" * 64)
+    assert announced.files == {"model.safetensors": 1}
     publisher.resume(3, tmp_path, "a" * 64)
     announced = fleet.latest(redis_client)
     assert announced is not None and (announced.version, announced.path) == (3, str(tmp_path.resolve()))
     publisher.resume(3, tmp_path, "a" * 64)  # announced already: nothing written
-    assert redis_client.xlen(fleet.WEIGHTS) == 1
+    assert redis_client.xlen(fleet.WEIGHTS) == 2
     with pytest.raises(PublishError, match=r"Redis announces weights v3 .* this trainer resumes at v3 .*sha256 bbbb"):
         WeightPublisher(redis_client, timeout=60).resume(3, tmp_path, "b" * 64)
     with pytest.raises(PublishError, match="resumes at v2 from"):
         WeightPublisher(redis_client, timeout=60).resume(2, tmp_path, "a" * 64)
-    later = WeightPublisher(redis_client, timeout=60)
-    later.resume(3, None)  # started at version 3 without a checkpoint of its own: follows what is announced
-    assert later.announced == 3
+
+
+def test_the_versions_in_use_are_those_replicas_serve_load_or_retry(redis_client: redis.Redis) -> None:
+    publisher = WeightPublisher(redis_client, timeout=60)
+    assert publisher.in_use() == set()
+    report(redis_client, "policy-0", 5)
+    report(redis_client, "policy-1", 2, fleet.LOADING, target=4)
+    report(redis_client, "policy-2", 1, fleet.REFUSED, target=3, reason="late")
+    assert publisher.in_use() == {5, 2, 4, 1, 3}

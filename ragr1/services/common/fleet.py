@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
+
+from ragr1.services.common.hashing import checkpoint_files, checkpoint_sha256
 
 WEIGHTS = "ragr1:weights"
 REPLICAS = "ragr1:replicas"
@@ -53,6 +57,17 @@ return 1
 """
 
 
+def wanted_replicas(waiting: int, in_progress: int, holders: int, prompts_per_replica: int) -> int:
+    """The replicas the fleet's autoscaler asks for, as Kubernetes computes it from the chart's two KEDA
+    triggers (the largest of them: ``deploy/helm/ragr1/templates/autoscaling.yaml``): enough replicas for every
+    prompt waiting or in progress at ``prompts_per_replica`` each, and never fewer than the replicas holding
+    prompts in progress, so that a scale-down never takes work from a busy replica while an idle one could
+    go. Any prompt at all asks for one replica, which wakes a fleet at zero."""
+    if prompts_per_replica < 1:
+        raise ValueError(f"prompts_per_replica must be at least 1, got {prompts_per_replica}")
+    return max(math.ceil((waiting + in_progress) / prompts_per_replica), holders)
+
+
 def replica_key(name: str) -> str:
     return f"{REPLICAS}:{name}"
 
@@ -64,34 +79,48 @@ def _text(value: bytes | str) -> str:
 @dataclasses.dataclass(frozen=True)
 class Announcement:
     """A published weight version: ``path`` is the checkpoint directory as every replica sees it, ``sha256``
-    its digest (``hashing.checkpoint_sha256``); ``entry_id`` the stream entry, once read back."""
+    its digest (``hashing.checkpoint_sha256``), ``files`` every file of it with its size
+    (``hashing.checkpoint_files``; empty in announcements written before they were listed): the manifest by
+    which a replica on shared storage that shows files late or half-copied knows when the checkpoint is
+    complete. ``entry_id`` is the stream entry, once read back."""
 
     version: int
     path: str
     sha256: str
+    files: dict[str, int] = dataclasses.field(default_factory=dict)
     at: float = 0.0
     entry_id: str = ""
 
     def fields(self) -> dict[str, str]:
-        return {"version": str(self.version), "path": self.path, "sha256": self.sha256, "at": f"{self.at:.3f}"}
+        return {"version": str(self.version), "path": self.path, "sha256": self.sha256,
+                "files": json.dumps(self.files, sort_keys=True), "at": f"{self.at:.3f}"}
 
     @classmethod
     def read(cls, entry_id: Any, fields: dict[Any, Any]) -> Announcement:
         """Raises ValueError for an entry that is not an announcement (written by hand, say)."""
         values = {_text(k): _text(v) for k, v in fields.items()}
         try:
-            return cls(int(values["version"]), values["path"], values["sha256"], float(values.get("at", 0.0)),
-                       _text(entry_id))
-        except (KeyError, ValueError) as exc:
+            files = json.loads(values.get("files", "{}"))
+            if not isinstance(files, dict):
+                raise ValueError("files is not an object")
+            return cls(int(values["version"]), values["path"], values["sha256"],
+                       {str(k): int(v) for k, v in files.items()}, float(values.get("at", 0.0)), _text(entry_id))
+        except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{WEIGHTS} entry {_text(entry_id)} is not a weight announcement: {values}") from exc
 
 
-def announce(client: redis.Redis, version: int, path: str, sha256: str) -> bool:
+def announce(client: redis.Redis, version: int, path: str, sha256: str, files: dict[str, int] | None = None) -> bool:
     """Announces ``version``; False (and nothing written) when it or a newer one is announced already."""
-    fields = Announcement(version, path, sha256, time.time()).fields()
+    fields = Announcement(version, path, sha256, dict(files or {}), time.time()).fields()
     script = client.register_script(_ANNOUNCE)
     args: list[str | int] = [version, ANNOUNCEMENTS_KEPT, *[x for pair in fields.items() for x in pair]]
     return bool(script(keys=[WEIGHTS], args=args))
+
+
+def announce_checkpoint(client: redis.Redis, version: int, path: Path, sha256: str = "") -> bool:
+    """Announces the checkpoint directory ``path`` (as every replica sees it) as ``version``, with the list of
+    its files and its digest (computed unless given: seconds per GB); see ``announce``."""
+    return announce(client, version, str(path), sha256 or checkpoint_sha256(path), checkpoint_files(path))
 
 
 def latest(client: redis.Redis) -> Announcement | None:

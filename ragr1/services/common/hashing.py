@@ -31,3 +31,28 @@ def checkpoint_sha256(directory: Path) -> str:
             while block := handle.read(_BLOCK):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def checkpoint_files(directory: Path) -> dict[str, int]:
+    """Every file of a checkpoint directory (names relative to it, sub-folders included) and its size in bytes:
+    what a reader on other storage waits for before the checkpoint is complete."""
+    directory = Path(directory)
+    return {str(f.relative_to(directory)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()}
+
+
+def missing_files(directory: Path, files: dict[str, int]) -> str:
+    """What of ``files`` (``checkpoint_files``) ``directory`` does not hold yet, named; "" when it holds them all
+    at their sizes."""
+    short, absent = [], []
+    for name, size in files.items():
+        try:
+            got = (Path(directory) / name).stat().st_size
+        except OSError:
+            absent.append(name)
+            continue
+        if got != size:
+            short.append(f"{name} ({got} of {size} bytes)")
+    if not absent and not short:
+        return ""
+    parts = ([f"{len(absent)} of {len(files)} files absent (e.g. {absent[0]})"] if absent else []) + short[:3]
+    return f"checkpoint {directory} is not complete: " + "; ".join(parts)

@@ -225,9 +225,12 @@ class GrpcServer:
     Every service builds one in ``build_server(config)`` (its servicers, the jobs that run beside it, the
     clean-ups at stop) and runs it in ``serve(config)``, which returns the exit code."""
 
-    def __init__(self, config: ServerConfig, name: str) -> None:
+    def __init__(self, config: ServerConfig, name: str, *, ready_at_start: bool = True) -> None:
+        """``ready_at_start``: health SERVING as soon as it listens; False leaves it NOT_SERVING until a job of
+        the server's says it is ready (``set_serving``)."""
         self.config = config
         self.name = name
+        self.ready_at_start = ready_at_start
         self.health = health.aio.HealthServicer()
         self._servicers: list[tuple[AddServicer, Any, str]] = []
         self._server: grpc.aio.Server | None = None
@@ -313,7 +316,7 @@ class GrpcServer:
         except OSError:
             await server.stop(None)  # in this loop: left to the collector, it is stopped after the loop closed
             raise
-        await self.set_serving(True)
+        await self.set_serving(self.ready_at_start)
         await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         log.info("%s: gRPC on %s:%d, metrics on http://%s:%d/metrics",
                  self.name, cfg.host, self.port, cfg.host, self.metrics_port)
@@ -357,11 +360,17 @@ class GrpcServer:
         waiter = asyncio.ensure_future(self.wait())
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([waiter, stopper, *jobs], return_when=asyncio.FIRST_COMPLETED)
-        await self.stop()
+        # Every job is asked to stop first, together (a rollout worker must take no new work while the server
+        # drains), and each gets its stop_seconds from this moment: together they fit the deployment's grace.
+        asked = loop.time()
         for task, job in jobs.items():
             if job.stop is not None and not task.done():
                 job.stop()
-                await asyncio.wait([task], timeout=job.stop_seconds)
+        await self.stop()
+        for task, job in jobs.items():
+            if job.stop is not None and not task.done():
+                left = None if job.stop_seconds is None else max(0.0, asked + job.stop_seconds - loop.time())
+                await asyncio.wait([task], timeout=left)
         for cleanup in self._cleanups:
             await cleanup()
         tasks = [waiter, stopper, *jobs]

@@ -34,10 +34,20 @@ log = logging.getLogger(__name__)
 PROMPTS = "prompts"
 ROLLOUTS = "rollouts"
 DEAD_LETTER_SUFFIX = ":dead"
+# The rollout workers' consumer group on the prompts stream (``QueueConfig.worker_group``'s default).
+WORKERS = "rollout-workers"
+# The consumer that a leaving consumer hands its unfinished entries to (``hand_back``): no process reads under
+# this name; the entries it holds are idle far past any ``reclaim`` threshold, so the next consumer that
+# reclaims takes them at once. Its entries are waiting work, not work in progress (``Backlog``).
+HANDED_BACK = "handed-back"
+# The idle time a handed-back entry is given: larger than any reclaim threshold (about 30 years), smaller than
+# the time since the epoch, which Redis subtracts it from.
+_HANDED_BACK_IDLE_MS = 10**12
 
 STREAM_EVENTS = Counter(
     "ragr1_queue_events_total",
-    "Queue events by stream and kind (produced, delivered, acked, duplicate, reclaimed, dead_lettered, trimmed).",
+    "Queue events by stream and kind (produced, delivered, acked, duplicate, reclaimed, handed_back, dead_lettered, "
+    "trimmed).",
     ["stream", "event"],
 )
 
@@ -49,6 +59,17 @@ class Payload(Protocol):
 
 
 M = TypeVar("M", bound=Payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """The work of a consumer group: ``waiting`` entries no consumer works on (never delivered, or handed
+    back), ``in_progress`` entries delivered to a consumer and not acknowledged yet, and ``holders`` the
+    consumers holding at least one of those."""
+
+    waiting: int
+    in_progress: int
+    holders: int
 
 
 @dataclasses.dataclass
@@ -153,6 +174,7 @@ class QueueConfig(Validated):
     """The settings of a service that uses the queue (the rollout workers, the trainer)."""
 
     redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams (rediss:// for TLS)")
+    worker_group: str = setting(WORKERS, "the rollout workers' consumer group on the prompts stream")
     redis_password_file: str = setting("", "file holding the Redis password (AUTH on if set)")
     redis_ca_file: str = setting("", "PEM CA of the Redis server's certificate (with a rediss:// URL)")
     redis_cert_file: str = setting("", "PEM client certificate, for a Redis that requires one")
@@ -274,6 +296,35 @@ class StreamQueue(Generic[M]):
         claimed = self.redis.xclaim(self.stream, self.group, self.consumer, 0, [_text(r["message_id"]) for r in rows])
         return self._claimed([(eid, fields) for eid, fields in claimed if fields is not None])
 
+    def hand_back(self, entry_ids: Sequence[str] | None = None, *, leave: bool = True) -> int:
+        """Hands entries pending under this consumer (``entry_ids``, or all of them) to the other consumers:
+        for work this consumer will not finish. The entries go to ``HANDED_BACK`` as if idle for decades, so
+        whichever consumer next calls ``reclaim`` takes them, at once rather than after its idle threshold; their
+        delivery counts stay as they were (a hand-back is no failed delivery). ``leave``: the consumer is
+        removed from the group too (a replica scaled away), in the same transaction. Returns how many entries
+        were handed back."""
+        rows = self.redis.xpending_range(self.stream, self.group, min="-", max="+", count=100_000,
+                                         consumername=self.consumer)
+        wanted = None if entry_ids is None else set(entry_ids)
+        by_count: dict[int, list[str]] = {}
+        for row in rows:
+            entry_id = _text(row["message_id"])
+            if wanted is None or entry_id in wanted:
+                by_count.setdefault(int(row["times_delivered"]), []).append(entry_id)
+        pipe = self.redis.pipeline(transaction=True)
+        for times, ids in by_count.items():
+            # XCLAIM counts a delivery unless told the count: the next reclaim counts the real one.
+            pipe.xclaim(self.stream, self.group, HANDED_BACK, 0, ids, idle=_HANDED_BACK_IDLE_MS,
+                        retrycount=max(0, times - 1), justid=True)
+        if leave:
+            pipe.xgroup_delconsumer(self.stream, self.group, self.consumer)
+        pipe.execute()
+        handed = sum(len(ids) for ids in by_count.values())
+        if handed:
+            log.info("%s: %s handed back %d entries", self.stream, self.consumer, handed)
+            STREAM_EVENTS.labels(self.stream, "handed_back").inc(handed)
+        return handed
+
     def _claimed(self, entries: Sequence[tuple[Any, Any]]) -> list[Delivery[M]]:
         """Entries this consumer took from others: counted, then accepted with their delivery counts."""
         if entries:
@@ -286,7 +337,7 @@ class StreamQueue(Generic[M]):
         wanted = set(entry_ids)
         counts: dict[str, int] = {}
         for row in self.redis.xpending_range(
-            self.stream, self.group, min=min(entry_ids, key=_entry_key), max=max(entry_ids, key=_entry_key),
+            self.stream, self.group, min=min(entry_ids, key=entry_key), max=max(entry_ids, key=entry_key),
             count=max(len(entry_ids) * 4, 100), consumername=self.consumer,
         ):
             eid = _text(row["message_id"])
@@ -392,10 +443,10 @@ class StreamQueue(Generic[M]):
             return 0
         bounds = []
         for g in groups:
-            ms, seq = _entry_key(_text(g["last-delivered-id"]))
+            ms, seq = entry_key(_text(g["last-delivered-id"]))
             bounds.append((ms, seq + 1))  # everything after the last delivered entry is still to be read
             if int(g["pending"]):
-                bounds.append(_entry_key(_text(self.redis.xpending(self.stream, g["name"])["min"])))
+                bounds.append(entry_key(_text(self.redis.xpending(self.stream, g["name"])["min"])))
         ms, seq = min(bounds)
         removed = int(self.redis.xtrim(self.stream, minid=f"{ms}-{seq}", approximate=False))
         STREAM_EVENTS.labels(self.stream, "trimmed").inc(removed)
@@ -410,6 +461,20 @@ class StreamQueue(Generic[M]):
         """Entries delivered to the group and not yet acknowledged."""
         return int(self.redis.xpending(self.stream, self.group)["pending"])
 
+    def backlog(self) -> Backlog:
+        """The group's waiting and in-progress entries and the consumers holding them (``Backlog``); a group
+        that does not exist yet has every entry of the stream waiting."""
+        if not self.redis.exists(self.stream):
+            return Backlog(0, 0, 0)
+        groups = {_text(g["name"]) for g in self.redis.xinfo_groups(self.stream)}
+        if self.group not in groups:
+            return Backlog(self.depth(), 0, 0)
+        summary = self.redis.xpending(self.stream, self.group)
+        held = {_text(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
+        handed = held.pop(HANDED_BACK, 0)
+        return Backlog(self.undelivered() + handed, int(summary["pending"]) - handed,
+                       sum(1 for n in held.values() if n > 0))
+
     def undelivered(self) -> int:
         """Entries no consumer of the group has been given yet (Redis 6.2 has no ``lag`` to ask)."""
         groups = {_text(g["name"]): g for g in self.redis.xinfo_groups(self.stream)} if self.depth() else {}
@@ -419,6 +484,7 @@ class StreamQueue(Generic[M]):
         return len(self.redis.xrange(self.stream, min=f"({last}", max="+"))
 
 
-def _entry_key(entry_id: str) -> tuple[int, int]:
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a pair that sorts as Redis orders entries ("10-0" after "9-5")."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)

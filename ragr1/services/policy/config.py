@@ -65,7 +65,6 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
     )
     # Rollout-worker mode.
     worker: bool = setting(False, "also consume PromptTasks from Redis and produce scored Rollouts")
-    worker_group: str = setting("rollout-workers", "consumer group on the prompts stream")
     worker_name: str = setting(
         "", "consumer name, stable per replica (e.g. the pod name) so that a restarted replica resumes its "
         "pending prompts at once; empty: host-pid"
@@ -83,8 +82,11 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
         "after three of these without one)"
     )
     checkpoint_wait_seconds: float = setting(
-        60.0, "how long an announced checkpoint that is not there yet (shared storage that shows new files "
-        "late) is waited for before the version is refused"
+        60.0, "how long an announced checkpoint that is not complete yet (shared storage that shows new files "
+        "late or half-copied) is waited for before the version is refused"
+    )
+    refusal_retry_seconds: float = setting(
+        60.0, "a refused weight version is tried again after this long, until it or a later one loads"
     )
 
     def loop_config(self) -> LoopConfig:
@@ -144,7 +146,7 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
                 f"{self.tokens_per_query} tokens with max_tokens_per_turn={self.max_tokens_per_turn}: "
                 f"that needs about {needed} tokens; raise max_model_len or lower one of the others"
             )
-        for name in ("engine_check_seconds", "heartbeat_seconds"):
+        for name in ("engine_check_seconds", "heartbeat_seconds", "refusal_retry_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.checkpoint_wait_seconds < 0:

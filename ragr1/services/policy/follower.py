@@ -1,11 +1,17 @@
-"""A rollout worker's weights: the newest version the trainer announced in Redis, loaded when the worker starts,
-before it takes a prompt, and each later one as it is announced; and the replica's report to the fleet.
+"""A rollout worker's weights: the versions the trainer announces in Redis, the starting weights included; and
+the replica's report to the fleet.
 
-Loads go through ``Policy.update_weights`` (the version fence: in-flight rollouts finish or abort, every
-rollout carries one version) with the announced digest, checked before anything is loaded. A version that
-cannot be loaded (digest mismatch, a checkpoint that does not match the served model, an engine that fails
-to load it) is refused: the replica says why in its log and its report, takes no more prompts and turns its
-gRPC health NOT_SERVING, until a later announced version loads. The other replicas are not concerned.
+A replica takes prompts only while it serves the newest announced version: at start it takes none until it has
+loaded that version (or found that its own model is it: the same digest), and it turns its gRPC health SERVING
+only then (with nothing announced yet, its own model is all it can serve: SERVING, but no prompts until the
+trainer announces). Loads go through ``Policy.update_weights`` (the version fence: in-flight rollouts finish or
+abort, every rollout carries one version) with the announced digest, checked before anything is loaded.
+
+Shared storage may show a checkpoint late or half-copied: an announcement lists every file with its size, and
+a version is loaded only once all of them are there (then its digest decides), waited for with backoff up to
+``checkpoint_wait_seconds`` while no newer version is announced. A version that still cannot be loaded is
+refused: the replica says why in its log and its report, takes no prompts and turns NOT_SERVING, and tries it
+again every ``retry_seconds`` until it, or a later version, loads. The other replicas are not concerned.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from typing import TypeVar
 import redis
 
 from ragr1.services.common import fleet
-from ragr1.services.common.errors import ServiceError
+from ragr1.services.common.errors import FailedPrecondition, ServiceError
+from ragr1.services.common.hashing import missing_files
+from ragr1.services.common.streams import entry_key
 from ragr1.services.policy.runtime import Policy
 
 log = logging.getLogger(__name__)
@@ -33,22 +41,28 @@ REPORT_HEARTBEATS = 3
 # Longest blocking read of the announcements; a stop waits at most this long for it.
 _WAKE_MS = 1000
 _RETRY_SECONDS = 1.0
+# Backoff between looks at a checkpoint that is not complete yet: from the first to the last, doubling.
+_FIRST_LOOK_SECONDS, _LAST_LOOK_SECONDS = 0.25, 5.0
 
 
 def _reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
 
 
-def _is_dir(path: str) -> bool:
+def incomplete(announced: fleet.Announcement) -> str:
+    """What the announced checkpoint lacks on this replica's storage, named; "" when it is all there."""
+    path = Path(announced.path)
     try:
-        return Path(path).is_dir()
+        if not path.is_dir():
+            return f"checkpoint {path} does not exist (yet)"
     except OSError:  # a path the filesystem refuses: the checkpoint check names it
-        return True
+        return ""
+    return missing_files(path, announced.files)
 
 
 class WeightFollower:
-    """``accepting`` is set while the worker may take prompts: after the start-up load, cleared while the
-    newest version is refused. ``set_serving`` is the server's health switch."""
+    """``accepting`` is set while the worker may take prompts: while the replica serves the newest announced
+    version. ``set_serving`` is the server's health switch."""
 
     def __init__(
         self,
@@ -58,6 +72,7 @@ class WeightFollower:
         *,
         heartbeat_seconds: float,
         checkpoint_wait_seconds: float,
+        retry_seconds: float,
         set_serving: Callable[[bool], Awaitable[None]],
     ) -> None:
         self.policy = policy
@@ -65,12 +80,15 @@ class WeightFollower:
         self.name = name
         self.heartbeat_seconds = heartbeat_seconds
         self.checkpoint_wait_seconds = checkpoint_wait_seconds
+        self.retry_seconds = retry_seconds
         self.set_serving = set_serving
         self.accepting = asyncio.Event()
         self.state = fleet.STARTING
         self.target = 0
         self.reason = ""
         self._seen = "0-0"  # the last announcement read (a stream entry id)
+        self._refused: fleet.Announcement | None = None
+        self._retry_at = 0.0
         self._reporting = asyncio.Lock()
 
     def report(self) -> fleet.ReplicaReport:
@@ -93,18 +111,17 @@ class WeightFollower:
 
     async def _follow(self, stop: asyncio.Event) -> None:
         newest = await self._ask(stop, fleet.latest)
-        if stop.is_set():
-            return
-        if newest is None:
-            log.info("no weight version announced yet: serving the starting weights as v%d", self.policy.gate.version)
-        else:
-            await self.take(newest)
-        if self.state == fleet.STARTING:
-            await self._serve()
+        if newest is None and not stop.is_set():
+            log.info("no weight version announced yet: serving the starting weights as v%d to calls, taking no "
+                     "prompt until the trainer announces a version", self.policy.gate.version)
+            await self.set_serving(True)
         while not stop.is_set():
-            newest = await self._ask(stop, lambda client: fleet.next_after(client, self._seen, _WAKE_MS))
+            if newest is None and self._refused is not None and time.monotonic() >= self._retry_at:
+                log.info("trying the refused weights v%d again", self._refused.version)
+                newest = self._refused
             if newest is not None:
-                await self.take(newest)
+                await self.take(newest, stop)
+            newest = await self._ask(stop, lambda client: fleet.next_after(client, self._seen, _WAKE_MS))
 
     async def _ask(self, stop: asyncio.Event, call: Callable[[redis.Redis], T]) -> T | None:
         """``call(redis)`` in a thread, retried while it fails (Redis down, after the client's own retries)."""
@@ -132,36 +149,73 @@ class WeightFollower:
                 log.warning("reporting to the fleet failed: %s: %s", type(exc).__name__, exc)
 
     # -- one announcement -----------------------------------------------------------------------
-    async def take(self, announced: fleet.Announcement) -> None:
-        """Loads ``announced`` unless it is not newer than what is served, or was refused already."""
-        self._seen = announced.entry_id or self._seen
-        if announced.version <= self.policy.gate.version:
-            return
-        if self.state == fleet.REFUSED and announced.version <= self.target:
-            return
+    async def take(self, announced: fleet.Announcement, stop: asyncio.Event | None = None) -> None:
+        """Serves ``announced`` (loading it unless it is what is served), or a newer version announced while
+        its checkpoint was waited for; refuses it when it cannot be loaded in time."""
+        self._seen = max(self._seen, announced.entry_id or self._seen, key=entry_key)
+        current: fleet.Announcement | None = announced
+        while current is not None and not (stop is not None and stop.is_set()):
+            current = await self._take_one(current, stop)
+
+    async def _serves(self, announced: fleet.Announcement) -> bool:
+        """Whether the served weights are ``announced``'s (or newer): at the same version, by digest."""
+        gate = self.policy.gate
+        if gate.failed or announced.version > gate.version:
+            return False
+        if announced.version < gate.version:
+            return True
+        try:
+            return (await self.policy.served_checkpoint())[2] == announced.sha256
+        except OSError:
+            return False
+
+    async def _take_one(self, announced: fleet.Announcement, stop: asyncio.Event | None) -> fleet.Announcement | None:
+        """Loads ``announced``; returns a newer announcement to take instead, or None when done."""
+        if await self._serves(announced):
+            if self.state != fleet.SERVING or not self.accepting.is_set():
+                await self._serve()
+            return None
         self.state, self.target, self.reason = fleet.LOADING, announced.version, ""
         await self._report()
-        try:
-            await self._wait_for(announced.path)
-            await self.policy.update_weights(announced.version, announced.path, sha256=announced.sha256)
-        except Exception as exc:
-            # An UpdateWeights call that loaded a version as new while this waited is no refusal.
-            if self.policy.gate.version < announced.version:
-                await self._refuse(announced, _reason(exc))
-                return
-        await self._serve()
-
-    async def _wait_for(self, path: str) -> None:
-        """Shared storage may show a directory to another host later than the trainer wrote it."""
         deadline = time.monotonic() + self.checkpoint_wait_seconds
-        if await asyncio.to_thread(_is_dir, path) or self.checkpoint_wait_seconds <= 0:
-            return
-        log.info("waiting up to %.0f s for the announced checkpoint %s to appear", self.checkpoint_wait_seconds, path)
-        while time.monotonic() < deadline and not await asyncio.to_thread(_is_dir, path):
-            await asyncio.sleep(_RETRY_SECONDS)
+        pause = _FIRST_LOOK_SECONDS
+        waiting_said = False
+        while True:
+            problem = await asyncio.to_thread(incomplete, announced)
+            if not problem:
+                try:
+                    await self.policy.update_weights(announced.version, announced.path, sha256=announced.sha256,
+                                                     same_version=True)
+                    await self._serve()
+                    return None
+                except FailedPrecondition as exc:  # not the announced weights yet (half-copied), or never
+                    problem = str(exc)
+                except Exception as exc:  # the engine failed to load it: nothing runs until a load succeeds
+                    if await self._serves(announced):  # an UpdateWeights call loaded it meanwhile
+                        await self._serve()
+                        return None
+                    await self._refuse(announced, _reason(exc))
+                    return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                await self._refuse(announced, problem)
+                return None
+            if not waiting_said:
+                log.info("weights v%d: waiting up to %.0f s for the checkpoint to be complete: %s",
+                         announced.version, remaining, problem)
+                waiting_said = True
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(2 * pause, _LAST_LOOK_SECONDS)
+            newer = await self._ask(stop or asyncio.Event(), fleet.latest)
+            if newer is not None and newer.version > announced.version:
+                log.info("weights v%d announced while v%d was waited for: loading v%d instead",
+                         newer.version, announced.version, newer.version)
+                self._seen = max(self._seen, newer.entry_id, key=entry_key)
+                return newer
 
     async def _serve(self) -> None:
         self.state, self.target, self.reason = fleet.SERVING, 0, ""
+        self._refused = None
         await self._report()
         if not self.accepting.is_set():
             await self.set_serving(True)
@@ -169,9 +223,10 @@ class WeightFollower:
 
     async def _refuse(self, announced: fleet.Announcement, reason: str) -> None:
         log.error("weights v%d refused: %s; this replica serves v%d, takes no prompts and reports NOT_SERVING "
-                  "until a later version loads", announced.version, reason, self.policy.gate.version)
+                  "until a version loads (v%d tried again in %.0f s)", announced.version, reason,
+                  self.policy.gate.version, announced.version, self.retry_seconds)
         self.state, self.target, self.reason = fleet.REFUSED, announced.version, reason
+        self._refused, self._retry_at = announced, time.monotonic() + self.retry_seconds
         self.accepting.clear()
         await self.set_serving(False)
         await self._report()
-

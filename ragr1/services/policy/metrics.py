@@ -61,6 +61,7 @@ WORKER_BATCHES = Counter(
 )
 WORKER_PROMPTS = Counter(
     "ragr1_policy_worker_prompts_total",
-    "Prompts a rollout worker finished, by outcome (acked, requeued, dead_lettered).",
+    "Prompts a rollout worker finished, by outcome (acked, requeued, dead_lettered, handed_back: left unfinished "
+    "to the other workers).",
     ["outcome"],
 )

@@ -163,12 +163,15 @@ class Policy:
         return generations, version
 
     async def update_weights(
-        self, version: int, checkpoint_path: str, in_flight: InFlight | None = None, *, sha256: str = ""
+        self, version: int, checkpoint_path: str, in_flight: InFlight | None = None, *, sha256: str = "",
+        same_version: bool = False,
     ) -> float:
         """Loads a checkpoint into the running engine; returns the seconds taken. ``sha256``: the digest the
-        checkpoint's weights must have (``checkpoint_sha256``), checked before anything is loaded.
+        checkpoint's weights must have (``checkpoint_sha256``), checked before anything is loaded;
+        ``same_version``: see ``VersionGate.update``.
 
-        A refused or failed update raises with the reason, and the old weights keep serving.
+        A refused update raises with the reason, and the old weights keep serving; one whose load into the
+        engine failed raises too, and nothing runs until a load succeeds (``VersionGate.failed``).
         """
         start = time.perf_counter()
 
@@ -183,7 +186,8 @@ class Policy:
             if sha256:
                 await self._check_digest(path, sha256)
             await self.gate.update(
-                version, checkpoint_path, load, in_flight=in_flight or self.in_flight, abort=self.engine.abort_all
+                version, checkpoint_path, load, in_flight=in_flight or self.in_flight, abort=self.engine.abort_all,
+                same_version=same_version,
             )
         except Exception:
             metrics.WEIGHT_UPDATE_FAILURES.inc()
@@ -209,11 +213,19 @@ class Policy:
                 "or half-copied checkpoint, or another one at the same path"
             )
 
+    async def abort_rollouts(self) -> None:
+        """Ends the running rollouts at their next turn, their engine requests aborted (status ABORTED): for a
+        replica that leaves and hands their prompts back."""
+        self.gate.abort_requested = True
+        await self.engine.abort_all()
+
     # -- what a result depends on ---------------------------------------------------------------
     async def served_checkpoint(self) -> tuple[int, Path, str]:
         """The served version, its checkpoint directory (the starting model for the initial weights) and the
         checkpoint's hash, read in a thread on first asking (seconds per GB) so that serving goes on. Raises
         OSError when the directory cannot be read any more."""
+        if self.gate.failed:
+            raise OSError(f"the served weights are unknown: {self.gate.failed}")
         version, loaded = self.gate.version, self.gate.checkpoint_path
         path = Path(loaded) if loaded else self.model_dir
         key = (version, str(path))

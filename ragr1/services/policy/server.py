@@ -20,7 +20,7 @@ from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.servicer import PolicyServicer
-from ragr1.services.policy.worker import RolloutWorker
+from ragr1.services.policy.worker import LEAVE_MARGIN_SECONDS, RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ def build_worker(
     config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
     accepting: asyncio.Event | None = None,
 ) -> RolloutWorker:
+    """The worker of a replica. Asked to stop, its batch gets the grace period less the time that aborting it
+    and handing its prompts back takes, so that all of it fits the period the deployment waits."""
     prompts = StreamQueue(
         client,
         PROMPTS,
@@ -81,6 +83,7 @@ def build_worker(
         reclaim_idle_ms=config.reclaim_idle_ms,
         dead_letter_retrieval_errors=config.on_retrieval_error == "dead_letter",
         accepting=accepting,
+        leave_seconds=max(0.0, config.grace_seconds - min(LEAVE_MARGIN_SECONDS, config.grace_seconds / 4)),
     )
 
 
@@ -111,7 +114,8 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         in_flight=config.in_flight_policy(),
         engine_seed=config.seed,
     )
-    server = GrpcServer(config, "policy")
+    # A rollout worker is ready once it serves the announced weights (``WeightFollower``), not at its start.
+    server = GrpcServer(config, "policy", ready_at_start=not config.worker)
     server.add(policy_pb2_grpc.add_PolicyServicer_to_server, PolicyServicer(policy, scorer))
     server.beside(lambda: watch_engine(engine, server, config.engine_check_seconds), "the engine watchdog")
     if config.worker:
@@ -119,10 +123,10 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         client, name = config.redis_client(), worker_name(config)
         follower = WeightFollower(policy, client, name, heartbeat_seconds=config.heartbeat_seconds,
                                   checkpoint_wait_seconds=config.checkpoint_wait_seconds,
-                                  set_serving=server.set_serving)
+                                  retry_seconds=config.refusal_retry_seconds, set_serving=server.set_serving)
         worker = build_worker(config, policy, scorer, client, name, follower.accepting)
         stop_worker, stop_follower = asyncio.Event(), asyncio.Event()
-        # The batch in hand gets the grace period to finish and be acknowledged; cut off, it is redelivered.
+        # Asked to stop, the worker finishes or hands back its batch within the grace period (``build_worker``).
         server.beside(lambda: worker.run(stop_worker), "the rollout worker", stop=stop_worker.set,
                       stop_seconds=config.grace_seconds)
         # A load in hand gets the grace period too; then the replica leaves the fleet.

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
+from ragr1.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 # Config fields that fix the architecture: a checkpoint differing in any is not the served model.
 ARCHITECTURE_FIELDS = (
@@ -105,6 +105,9 @@ class VersionGate:
     def __init__(self, version: int = 0, checkpoint_path: str = "") -> None:
         self.version = version
         self.checkpoint_path = checkpoint_path
+        # Why the engine's weights are unknown ("" while they are known): a load that failed part-way may have
+        # replaced some tensors and not others, so nothing runs on them until a load succeeds.
+        self.failed = ""
         self.abort_requested = False
         self._running = 0
         self._idle = asyncio.Event()
@@ -119,9 +122,13 @@ class VersionGate:
 
     @contextlib.asynccontextmanager
     async def rollout(self) -> AsyncIterator[int]:
-        """Holds the current weights for one rollout or generation; yields their version."""
+        """Holds the current weights for one rollout or generation; yields their version. Raises ``Unavailable``
+        while the weights are unknown after a failed load."""
         while not self._open.is_set():
             await self._open.wait()
+        if self.failed:
+            raise Unavailable(f"the engine's weights are unknown after a failed load ({self.failed}); "
+                              "nothing runs on them until a load succeeds")
         self._running += 1
         self._idle.clear()
         try:
@@ -139,10 +146,14 @@ class VersionGate:
         *,
         in_flight: InFlight,
         abort: Callable[[], Awaitable[None]],
+        same_version: bool = False,
     ) -> None:
-        """Runs ``load`` with no rollout running, then serves ``version``; a failed load keeps the old one."""
+        """Runs ``load`` with no rollout running, then serves ``version``. A load that raises leaves the weights
+        unknown (``failed``) until one succeeds. ``same_version``: ``version`` may equal the served one (other
+        weights announced under it: the trainer's starting weights are version 0, as a replica's own model is);
+        after a failed load it always may."""
         async with self._updates:
-            if version <= self.version:
+            if version < self.version or (version == self.version and not (same_version or self.failed)):
                 raise InvalidArgument(
                     f"version must be greater than the current {self.version}, got {version}"
                 )
@@ -152,8 +163,12 @@ class VersionGate:
                     self.abort_requested = True
                     await abort()
                 await self._idle.wait()
-                await load()
-                self.version, self.checkpoint_path = version, checkpoint_path
+                try:
+                    await load()
+                except BaseException as exc:
+                    self.failed = f"v{version} from {checkpoint_path}: {type(exc).__name__}: {exc}"
+                    raise
+                self.version, self.checkpoint_path, self.failed = version, checkpoint_path, ""
             finally:
                 self.abort_requested = False
                 self._open.set()

@@ -6,8 +6,14 @@ retriever error (or was aborted by a weight update) is not acknowledged: with ``
 consumer group hands it out again after ``reclaim_idle_ms`` (to any worker; dead-lettered after
 ``max_deliveries``), with ``dead_letter`` it goes to ``prompts:dead`` at once with the error.
 
-The worker takes prompts only while ``accepting`` is set (``follower.WeightFollower``: after the replica
-loaded the newest announced weights at start, and not while it refuses a version).
+The worker takes prompts only while ``accepting`` is set (``follower.WeightFollower``: while the replica
+serves the newest announced weights).
+
+Leaving (SIGTERM: a scale-down, a rolling update) the worker takes no new prompt, lets the batch in hand
+finish for up to ``leave_seconds``, then aborts what is left of it, and hands every prompt it has not
+acknowledged back to the other workers, which take them at their next look rather than after
+``reclaim_idle_ms``; its consumer leaves the group. A batch that fails (the engine's weights unknown after a
+failed load, say) is handed back at once too.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+
+# What a leaving worker keeps of its grace period (at most: a quarter of it) to abort its batch and hand its
+# prompts back; the abort itself gets half of it before the batch is cancelled outright.
+LEAVE_MARGIN_SECONDS = 5.0
 
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
@@ -46,6 +56,7 @@ class RolloutWorker:
         reclaim_idle_ms: int,
         dead_letter_retrieval_errors: bool,
         accepting: asyncio.Event | None = None,
+        leave_seconds: float = 0.0,
     ) -> None:
         self.policy = policy
         self.scorer = scorer
@@ -57,6 +68,7 @@ class RolloutWorker:
         self.reclaim_idle_ms = reclaim_idle_ms
         self.dead_letter_retrieval_errors = dead_letter_retrieval_errors
         self.accepting = accepting
+        self.leave_seconds = leave_seconds
         # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
         # first takes back the prompts its predecessor was given and never acknowledged, at once
         # instead of after reclaim_idle_ms. Read once at start: prompts this worker fails later wait
@@ -119,8 +131,9 @@ class RolloutWorker:
         try:
             trajectories = await self.policy.rollout([task_of(t) for t in tasks], self.sampling)
         except Exception:
-            log.exception("rollout of %d prompts failed; they will be handed out again", len(deliveries))
+            log.exception("rollout of %d prompts failed; they are handed back to the other workers", len(deliveries))
             metrics.WORKER_BATCHES.labels("failed").inc()
+            await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
             return
         failed: dict[str, str] = {}
         for task, t in zip(tasks, trajectories, strict=True):
@@ -158,16 +171,50 @@ class RolloutWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Steps until ``stop`` is set, while ``accepting``; errors (Redis down) are logged and retried after a
-        pause."""
-        while not stop.is_set():
-            if self.accepting is not None and not self.accepting.is_set():
-                await _either(self.accepting, stop)
-                continue
-            try:
-                await self.step()
-            except Exception:
-                log.exception("rollout worker step failed; retrying in 1 s")
-                await asyncio.sleep(1.0)
+        pause. Then leaves: see the module's docstring."""
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                if self.accepting is not None and not self.accepting.is_set():
+                    await _either(self.accepting, stop)
+                    continue
+                step = asyncio.ensure_future(self.step())
+                await asyncio.wait([step, stopped], return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    await self._finish(step)
+                if step.cancelled():
+                    continue
+                try:
+                    step.result()
+                except Exception:
+                    log.exception("rollout worker step failed; retrying in 1 s")
+                    await asyncio.sleep(1.0)
+        finally:
+            stopped.cancel()
+        await self._leave()
+
+    async def _finish(self, step: asyncio.Future[int]) -> None:
+        """The batch in hand when the worker was asked to stop: ``leave_seconds`` to finish, then aborted (its
+        rollouts come back ABORTED and are not acknowledged)."""
+        log.info("stopping: the batch in hand gets %.0f s to finish", self.leave_seconds)
+        done, _ = await asyncio.wait([step], timeout=self.leave_seconds)
+        if not done:
+            log.info("stopping: aborting the batch in hand; its prompts are handed back")
+            await self.policy.abort_rollouts()
+            done, _ = await asyncio.wait([step], timeout=LEAVE_MARGIN_SECONDS / 2)
+        if not done:  # a call that does not end (a retriever past its deadline): its prompts go back all the same
+            step.cancel()
+            await asyncio.wait([step])
+
+    async def _leave(self) -> None:
+        try:
+            handed = await asyncio.to_thread(self.prompts.hand_back)
+        except Exception as exc:  # Redis down: the prompts stay pending until another worker reclaims them
+            log.warning("handing back the unfinished prompts failed (%s: %s); other workers take them after "
+                        "reclaim_idle_ms", type(exc).__name__, exc)
+            return
+        metrics.WORKER_PROMPTS.labels("handed_back").inc(handed)
+        log.info("left the prompts stream's group; %d unfinished prompts handed back", handed)
 
 
 async def _either(first: asyncio.Event, second: asyncio.Event) -> None:

@@ -16,7 +16,7 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,11 @@ class Checkpointer:
         meta: dict[str, Any],
         write_policy: Callable[[Path], None],
         trainer_state: dict[str, Any] | None,
+        in_use: Collection[int] = (),
     ) -> Path:
-        """Writes version ``version``; ``write_policy(dir)`` saves the model files into ``policy_dir``."""
+        """Writes version ``version``; ``write_policy(dir)`` saves the model files into ``policy_dir``. Older
+        versions beyond the newest ``self.keep`` are deleted, except those in ``in_use`` (versions policy replicas
+        still serve or load)."""
         self.root.mkdir(parents=True, exist_ok=True)
         target = version_dir(self.root, version)
         if target.exists():
@@ -89,7 +92,7 @@ class Checkpointer:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._prune()
+        self._prune(in_use)
         return target
 
     def policy_sha256(self, path: Path) -> str:
@@ -105,8 +108,8 @@ class Checkpointer:
         # On the CPU: the optimisers move their state to their parameters' device when they load it.
         return torch.load(file, weights_only=False, map_location="cpu") if file.exists() else None
 
-    def _prune(self) -> None:
-        for version in self.versions()[: -self.keep]:
+    def _prune(self, in_use: Collection[int] = ()) -> None:
+        for version in [v for v in self.versions()[: -self.keep] if v not in in_use]:
             shutil.rmtree(version_dir(self.root, version), ignore_errors=True)
         for stale in self.root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)

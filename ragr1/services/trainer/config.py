@@ -255,12 +255,14 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
         "update, and more prompts sampled instead; 0 trains every group (RAG-R1's)",
     )
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
-    start_version: int = setting(0, "version the policy serves the starting weights as (1 after a pushed SFT)")
+    start_version: int = setting(
+        0, "version the starting weights (model) are announced as; 1 after an SFT checkpoint announced as v1"
+    )
     poll_ms: int = setting(1000, "longest wait for rollouts per read")
     fleet_poll_seconds: float = setting(
         5.0,
-        "how often, while collecting, the policy replicas' reports are read from Redis (the fleet metrics, and "
-        "the check of weights_timeout_seconds)",
+        "how often the policy replicas' reports (while collecting) and the prompts backlog are read from Redis "
+        "(the fleet metrics, the check of weights_timeout_seconds, the autoscaler's gauges)",
     )
     trim_streams: bool = setting(
         True, "after each update, delete the prompts and rollouts every group is done with (Redis stays bounded)"
@@ -268,7 +270,7 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     weights_timeout_seconds: float = setting(
         600.0,
         "stop with an error when policy replicas report in Redis but none has served the newest announced "
-        "weight version for this long (every replica refusing it stops the trainer at once)",
+        "weight version for this long (a replica that refused it tries again, so a refusal alone stops nothing)",
     )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
 

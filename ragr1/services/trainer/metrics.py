@@ -115,3 +115,14 @@ FLEET_OLDEST_VERSION = Gauge(
     "Oldest weight version a replica taking prompts serves (serving, or loading the next): the version the "
     "stalest new rollouts carry; NaN while no replica takes prompts.",
 )
+# The prompts stream as the rollout workers' consumer group sees it: what the fleet's autoscaler sizes the
+# policy replicas by (deploy/helm/ragr1/templates/autoscaling.yaml, ``fleet.wanted_replicas``).
+PROMPTS_BACKLOG = Gauge(
+    "ragr1_trainer_prompts_backlog",
+    "Prompts of the rollout workers' group by state: waiting (no replica works on them: never taken, or handed "
+    "back by a replica that left) and in_progress (taken by a replica, not acknowledged yet).",
+    ["state"],
+)
+PROMPT_HOLDERS = Gauge(
+    "ragr1_trainer_prompt_holders", "Rollout workers holding at least one prompt in progress."
+)

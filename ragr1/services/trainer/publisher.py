@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from ragr1.services.common import fleet
+from ragr1.services.common.streams import Backlog
 from ragr1.services.trainer import metrics
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,21 @@ def export(reports: list[fleet.ReplicaReport]) -> None:
     metrics.FLEET_OLDEST_VERSION.set(min(generating) if generating else math.nan)
 
 
+def export_backlog(backlog: Backlog) -> None:
+    """The rollout workers' prompts as the gauges the fleet's autoscaler reads."""
+    metrics.PROMPTS_BACKLOG.labels("waiting").set(backlog.waiting)
+    metrics.PROMPTS_BACKLOG.labels("in_progress").set(backlog.in_progress)
+    metrics.PROMPT_HOLDERS.set(backlog.holders)
+
+
+def _follows(replica: fleet.ReplicaReport, version: int) -> bool:
+    """Whether the replica serves ``version`` or a newer one. The starting weights are version 0 as a replica's
+    own model is, so at equal versions a replica still loading or refusing that version does not."""
+    if replica.version != version:
+        return replica.version > version
+    return not (replica.state in (fleet.LOADING, fleet.REFUSED) and replica.target == version)
+
+
 class WeightPublisher:
     """Announces versions and watches the fleet. ``timeout``: how long live replicas may go on without one
     of them serving the newest announced version before the trainer stops (``watch``)."""
@@ -48,46 +64,48 @@ class WeightPublisher:
         self.redis = client
         self.timeout = timeout
         self.clock = clock
-        self.announced = 0  # the newest version in Redis, as this trainer last wrote or read it
+        self.announced: int | None = None  # the newest version in Redis, as this trainer last wrote it
         self._behind_since: float | None = None
         self._warned: set[tuple[str, int]] = set()
 
     def publish(self, version: int, checkpoint: Path, sha256: str) -> dict[str, object]:
         """Announces ``version`` (once: asked again, nothing is written); returns what was announced."""
         path = str(Path(checkpoint).resolve())
-        if fleet.announce(self.redis, version, path, sha256):
+        if fleet.announce_checkpoint(self.redis, version, Path(path), sha256):
             log.info("weights v%d announced: %s (sha256 %s)", version, path, sha256[:12])
-        self.announced = max(self.announced, version)
+        self.announced = max(self.announced or 0, version)
         self._behind_since = None
         return {"version": version, "path": path, "sha256": sha256}
 
-    def resume(self, version: int, checkpoint: Path | None, sha256: str = "") -> None:
-        """At the trainer's start, at ``version`` (its latest checkpoint's, None without one): announces the
-        checkpoint if Redis lacks it (the trainer died between saving and announcing, or Redis lost it).
-        Raises ``PublishError`` when Redis announces a newer version, or this one with other weights: the
-        announcements of another run on the same Redis, or checkpoints lost; replicas would serve weights
-        this trainer never wrote."""
+    def resume(self, version: int, checkpoint: Path, sha256: str) -> None:
+        """At the trainer's start, at ``version`` with the weights in ``checkpoint`` (its latest checkpoint's, or
+        the model it starts from): announces them unless Redis has them already, so that every replica, whenever
+        it starts, serves the weights the trainer trains from (the starting weights included: a replica's own
+        model may be another). Raises ``PublishError`` when Redis announces a newer version, or this one with
+        other weights: the announcements of another run on the same Redis, or checkpoints lost; replicas would
+        serve weights this trainer never wrote."""
         current = fleet.latest(self.redis)
         if current is not None and (current.version > version or (
-                current.version == version and checkpoint is not None and current.sha256 != sha256)):
+                current.version == version and current.sha256 != sha256)):
             raise PublishError(
                 f"Redis announces weights v{current.version} ({current.path}, sha256 {current.sha256[:12]}) but "
-                f"this trainer resumes at v{version} from {checkpoint or 'its starting model'}"
-                + (f" (sha256 {sha256[:12]})" if checkpoint is not None else "")
-                + f": another run's announcements or lost checkpoints; to start a new run on this Redis, delete "
-                f"its key {fleet.WEIGHTS} (and the run's streams)"
+                f"this trainer resumes at v{version} from {checkpoint} (sha256 {sha256[:12]}): another run's "
+                f"announcements or lost checkpoints; to start a new run on this Redis, delete its key "
+                f"{fleet.WEIGHTS} (and the run's streams)"
             )
-        if checkpoint is not None:
-            self.publish(version, checkpoint, sha256)
-        elif current is not None:
-            self.announced = current.version
+        self.publish(version, checkpoint, sha256)
+
+    def in_use(self) -> set[int]:
+        """The versions replicas report serving, loading or retrying: checkpoints pruning must keep."""
+        return {v for r in fleet.replicas(self.redis) for v in (r.version, r.target) if v}
 
     def watch(self) -> list[fleet.ReplicaReport]:
         """Reads the replicas' reports, exports them and checks that the fleet follows the newest announced
-        version. Raises ``PublishError`` naming each replica's state when live replicas exist and either every
-        one refused that version, or none has served it for ``timeout`` seconds. A fleet with no replica
-        (scaled to zero, every replica restarting) stops nothing: a replica that starts loads the version
-        itself. Returns the reports."""
+        version. Raises ``PublishError`` naming each replica's state when live replicas exist and none has
+        served that version for ``timeout`` seconds: a replica that refused it tries again (a checkpoint that
+        shared storage shows late), so a refusal alone stops nothing, nor does a refusing replica while
+        another serves. A fleet with no replica (scaled to zero, every replica restarting) stops nothing
+        either: a replica that starts loads the version itself. Returns the reports."""
         reports = fleet.replicas(self.redis)
         export(reports)
         for r in reports:
@@ -95,12 +113,10 @@ class WeightPublisher:
                 self._warned.add((r.name, r.target))
                 log.warning("policy replica %s refused weights v%d: %s", r.name, r.target, r.reason)
         target = self.announced
-        if not reports or target == 0 or any(r.version >= target for r in reports):
+        if not reports or target is None or any(_follows(r, target) for r in reports):
             self._behind_since = None
             return reports
         described = "; ".join(r.describe() for r in reports)
-        if all(r.state == fleet.REFUSED and r.target >= target for r in reports):
-            raise PublishError(f"every policy replica refused weights v{target}: {described}")
         now = self.clock()
         if self._behind_since is None:
             self._behind_since = now

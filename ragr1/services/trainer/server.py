@@ -15,7 +15,7 @@ from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus, Updater
 from ragr1.services.trainer.model import init_torch, training_device
-from ragr1.services.trainer.publisher import PublishError, WeightPublisher
+from ragr1.services.trainer.publisher import PublishError, WeightPublisher, export_backlog
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
@@ -79,6 +79,18 @@ async def build_server(config: PPOConfig) -> GrpcServer:
 
     # On SIGTERM the update in hand finishes and is checkpointed and announced: it can take minutes.
     server.beside(train, "the training loop", stop=loop.stop_event.set)
+
+    async def watch_backlog() -> None:
+        """The fleet's autoscaler reads these gauges: kept fresh beside the loop, which holds no Redis
+        conversation during an update that can take minutes."""
+        while True:
+            try:
+                export_backlog(await asyncio.to_thread(loop.workers.backlog))
+            except Exception as exc:  # Redis down: the gauges keep their last values meanwhile
+                log.warning("reading the prompts backlog failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(config.fleet_poll_seconds)
+
+    server.beside(watch_backlog, "the prompts backlog")
 
     async def close() -> None:
         loop.updater.close()

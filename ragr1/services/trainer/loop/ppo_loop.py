@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import redis
 
+from ragr1.model_paths import policy_checkpoint
+from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Delivery, StreamQueue
 from ragr1.services.trainer import metrics
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
@@ -49,7 +51,9 @@ class Publisher(Protocol):
 
     def publish(self, version: int, checkpoint: Path, sha256: str) -> dict[str, object]: ...
 
-    def resume(self, version: int, checkpoint: Path | None, sha256: str = "") -> None: ...
+    def resume(self, version: int, checkpoint: Path, sha256: str) -> None: ...
+
+    def in_use(self) -> set[int]: ...
 
     def watch(self) -> Any: ...
 
@@ -145,6 +149,8 @@ class PPOLoop:
             consumer=config.consumer,
             validate=self._validate,
         )
+        self.workers: StreamQueue[Any] = StreamQueue(client, PROMPTS, common_pb2.PromptTask,
+                                                     group=config.worker_group)
         self.admission = Admission(config, client, self.prompts, self.rollouts, tasks)
         self.groups = GroupBuffer(config, self.admission.settle)
         self._warned_top_p = False
@@ -159,7 +165,11 @@ class PPOLoop:
         latest = self.checkpoints.latest()
         if latest is None:
             if self.publisher is not None:
-                self.publisher.resume(self.version, None)
+                # The starting weights go through the announcement like every later version: a replica whose
+                # own model is another (an SFT checkpoint to train from) loads them before its first prompt.
+                start = policy_checkpoint(self.config.model)
+                log.info("announcing the starting weights %s as v%d", start, self.version)
+                self.publisher.resume(self.version, start, checkpoint_sha256(start))
             return
         path, meta = latest
         state = self.checkpoints.load_state(path)
@@ -240,7 +250,10 @@ class PPOLoop:
             "time": time.time(),
         }
         saving = time.perf_counter()
-        path = self.checkpoints.save(new_version, meta, self.updater.save_policy, self.updater.state())
+        # A version a replica still serves or loads is not pruned from under it.
+        in_use = self.publisher.in_use() if self.publisher is not None else set()
+        path = self.checkpoints.save(new_version, meta, self.updater.save_policy, self.updater.state(),
+                                     in_use=in_use)
         save_seconds = time.perf_counter() - saving
         served = policy_dir(path)
         start = time.perf_counter()
@@ -292,6 +305,9 @@ class PPOLoop:
         returns the version."""
         self.rollouts.ensure_group()
         self.prompts.ensure_group()
+        # The workers' group too, before any worker exists: the autoscaler's backlog is the group's, and a
+        # fleet scaled to zero must see the first prompt as waiting work.
+        self.workers.ensure_group()
         self.resume()
         # This consumer's delivered-but-unacknowledged entries: the batch a crash interrupted; then those of
         # a predecessor under another name (one trainer per group, so whoever else holds entries is gone).
