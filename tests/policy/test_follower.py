@@ -20,12 +20,9 @@ from safetensors.numpy import save_file
 from ragr1.services.common import fleet
 from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.hashing import checkpoint_files, checkpoint_sha256
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy, RolloutLimits
-from ragr1.services.policy.worker import RolloutWorker
-from ragr1.v1 import common_pb2
 from tests.policy.scripted import ScriptedSearch
 
 CONFIG = {"architectures": ["TinyForCausalLM"], "model_type": "tiny", "hidden_size": 4, "vocab_size": 8}

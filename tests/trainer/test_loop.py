@@ -22,8 +22,8 @@ from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, WORKERS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, check_rollout, to_sample
-from ragr1.services.trainer.publisher import WeightPublisher
 from ragr1.services.trainer.model import collate
+from ragr1.services.trainer.publisher import WeightPublisher
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2

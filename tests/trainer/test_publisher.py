@@ -82,8 +82,8 @@ def test_a_refusal_alone_stops_nothing_but_a_fleet_refusing_for_the_timeout_does
     clock.now = 99.0
     publisher.watch()
     clock.now = 100.0
-    with pytest.raises(PublishError, match="no policy replica has served weights v2 for 100 s .*policy-0 serves v1, "
-                                           "refused v2: its weights hash to sha256 00"):
+    with pytest.raises(PublishError, match=r"no policy replica has served weights v2 for 100 s .*policy-0 serves v1, "
+                                           r"refused v2: its weights hash to sha256 00"):
         publisher.watch()
 
 
