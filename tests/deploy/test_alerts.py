@@ -31,9 +31,9 @@ RULES = {"likelihood_falling": "Ragr1LikelihoodFalling", "entropy_low": "Ragr1En
          "weight_sync": "Ragr1WeightSyncGap"}
 
 
-def rules() -> dict[str, dict[str, Any]]:
-    (group,) = yaml.safe_load(ALERTS.read_text())["groups"]
-    return {rule["alert"]: rule for rule in group["rules"]}
+def rules(group: str = "ragr1-training-health") -> dict[str, dict[str, Any]]:
+    (found,) = [g for g in yaml.safe_load(ALERTS.read_text())["groups"] if g["name"] == group]
+    return {rule["alert"]: rule for rule in found["rules"]}
 
 
 def test_every_alarm_of_the_trainer_has_one_rule_comparing_its_metric_with_its_threshold() -> None:
@@ -64,8 +64,9 @@ def _value(value: float) -> str:
     return str(int(value)) if value == int(value) else repr(value)
 
 
-def _expected(alert: str, value: float, extra: dict[str, str] | None = None) -> dict[str, Any]:
-    rule = rules()[alert]
+def _expected(alert: str, value: float, extra: dict[str, str] | None = None,
+              group: str = "ragr1-training-health") -> dict[str, Any]:
+    rule = rules(group)[alert]
     annotations = {k: v.replace("{{ $value }}", _value(value)).replace("{{ $labels.instance }}",
                                                                         TARGET_LABELS["instance"])
                    for k, v in rule["annotations"].items()}
@@ -154,6 +155,31 @@ def test_a_rule_that_stopped_firing_would_fail_its_promtool_test(tmp_path: Path)
     assert result.returncode != 0 and "Ragr1EntropyLow" in result.stdout + result.stderr
 
 
+def test_prompts_with_no_replica_reporting_for_five_minutes_fire_the_stranded_alert(tmp_path: Path) -> None:
+    """Prompts in progress under replicas that are gone (an autoscaler that scaled a busy fleet to zero), none
+    reporting: the alert fires after five minutes; a replica that reports, or no prompt left, clears it."""
+    stranded = "Ragr1PromptsStranded"
+    fired = [_expected(stranded, 3, group="ragr1-fleet")]
+    cases = [
+        ([_series("ragr1_trainer_prompts_backlog", "0x12", 'state="waiting"'),
+          _series("ragr1_trainer_prompts_backlog", "3x12", 'state="in_progress"')],
+         [(4, stranded, []), (6, stranded, fired), (12, stranded, fired)]),
+        ([_series("ragr1_trainer_prompts_backlog", "3x12", 'state="in_progress"'),
+          _series("ragr1_trainer_fleet_replicas", "1x12", 'version="2", state="serving"')],
+         [(6, stranded, []), (12, stranded, [])]),
+        ([_series("ragr1_trainer_prompts_backlog", "0x12", 'state="waiting"')], [(12, stranded, [])]),
+    ]
+    tests = [{"interval": "1m", "input_series": series,
+              "alert_rule_test": [{"eval_time": f"{m}m", "alertname": a, "exp_alerts": e} for m, a, e in checks]}
+             for series, checks in cases]
+    spec = tmp_path / "fleet.test.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests},
+                                   sort_keys=False))
+    result = subprocess.run([tool("promtool"), "test", "rules", str(spec)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_compose_prometheus_loads_the_rules_file() -> None:
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     assert scrape["rule_files"] == ["alerts.yml"]  # relative to prometheus.yml, which is mounted beside it
@@ -162,7 +188,8 @@ def test_compose_prometheus_loads_the_rules_file() -> None:
     assert volumes["/etc/prometheus/prometheus.yml"] == str(ROOT / "deploy" / "prometheus" / "prometheus.yml")
     check = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)], capture_output=True, text=True,
                            timeout=60)
-    assert check.returncode == 0 and f"SUCCESS: {len(RULES)} rules found" in check.stdout, check.stdout + check.stderr
+    found = f"SUCCESS: {len(RULES) + len(rules('ragr1-fleet'))} rules found"
+    assert check.returncode == 0 and found in check.stdout, check.stdout + check.stderr
 
 
 def test_the_chart_ships_the_same_rules_with_its_servicemonitor_and_trainer_thresholds_it_passes() -> None:

@@ -1,41 +1,38 @@
-"""The policy as a Deployment any number of replicas may join, and the optional KEDA autoscaler that
-sizes it by the prompts waiting on the prompts stream (a ScaledObject on the rollout workers' consumer
-group, with a TriggerAuthentication for Redis's password and TLS)."""
+"""The policy as a Deployment any number of replicas may join, and the optional KEDA autoscaler that sizes it
+by the work on the prompts stream: a ScaledObject whose two Prometheus triggers read the backlog the trainer
+exports, computing the same number as ``fleet.wanted_replicas`` (tested on real stream states in
+tests/common/test_fleet.py)."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import re
 from typing import Any
 
 import helm_python
 import pytest
-import redis
 
-from ragr1.services.common import ports
-from ragr1.services.common.streams import PROMPTS
-from ragr1.services.policy.config import PolicyConfig
+from ragr1.services.common import fleet
+from ragr1.services.trainer import metrics
 from tests.deploy.charts import NAMESPACE, Render, env, render
 
-ON = {"policy": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6, "backlogPerReplica": 24}}}
-
-
-def on(**values: Any) -> dict[str, Any]:
-    return {**ON, **values}
+PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+ON = {"policy": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6, "promptsPerReplica": 24,
+                                 "prometheusAddress": PROMETHEUS}}}
 
 
 def kinds(objects: Render, *wanted: str) -> list[tuple[str, str]]:
     return [key for key in objects if key[0] in wanted]
 
 
-def trigger(objects: Render) -> dict[str, Any]:
+def scaled_object(objects: Render) -> dict[str, Any]:
     (scaler,) = [obj for (kind, _), obj in objects.items() if kind == "ScaledObject"]
-    (only,) = scaler["spec"]["triggers"]
-    return dict(only)
+    return scaler
 
 
-def secret_refs(objects: Render) -> dict[str, tuple[str, str]]:
-    """parameter -> (Secret, key) of the TriggerAuthentication the trigger names."""
-    auth = objects[("TriggerAuthentication", trigger(objects)["authenticationRef"]["name"])]
-    return {ref["parameter"]: (ref["name"], ref["key"]) for ref in auth["spec"]["secretTargetRef"]}
+def triggers(objects: Render) -> dict[str, dict[str, str]]:
+    return {t["name"]: dict(t["metadata"]) for t in scaled_object(objects)["spec"]["triggers"]}
 
 
 def test_policy_is_a_deployment_that_keeps_what_the_replicas_need(chart: helm_python.Chart) -> None:
@@ -63,83 +60,65 @@ def test_policy_is_a_deployment_that_keeps_what_the_replicas_need(chart: helm_py
 
 
 def test_no_autoscaler_by_default(chart: helm_python.Chart) -> None:
-    objects = render(chart)
-    assert kinds(objects, "ScaledObject", "TriggerAuthentication") == []
-    assert ("Secret", "ragr1-redis-scaler") not in objects
+    assert kinds(render(chart), "ScaledObject", "TriggerAuthentication") == []
 
 
-def test_keda_sizes_the_policy_deployment_by_the_rollout_workers_backlog(chart: helm_python.Chart) -> None:
+def test_keda_sizes_the_policy_deployment_by_the_trainers_backlog_series(chart: helm_python.Chart) -> None:
     objects = render(chart, ON)
     policy = objects[("Deployment", "ragr1-policy")]
     assert "replicas" not in policy["spec"]  # KEDA owns the number; a fixed one would fight it on upgrades
-    (scaler,) = [obj for (kind, _), obj in objects.items() if kind == "ScaledObject"]
+    scaler = scaled_object(objects)
     assert scaler["apiVersion"] == "keda.sh/v1alpha1"
     assert scaler["spec"]["scaleTargetRef"] == {
         "apiVersion": policy["apiVersion"], "kind": "Deployment", "name": policy["metadata"]["name"]}
     assert (scaler["spec"]["minReplicaCount"], scaler["spec"]["maxReplicaCount"]) == (2, 6)
-    t = trigger(objects)
-    assert t["type"] == "redis-streams"
-    meta = t["metadata"]
-    assert (meta["stream"], meta["consumerGroup"]) == (PROMPTS, PolicyConfig().worker_group)
-    assert (meta["lagCount"], meta["activationLagCount"]) == ("24", "0")
-    # The in-chart Redis by its namespaced name (KEDA's operator runs in another namespace).
-    redis_service = objects[("Service", "ragr1-redis")]
-    assert meta["address"] == f"{redis_service['metadata']['name']}.{NAMESPACE}.svc:{ports.REDIS}"
-    assert {p["port"] for p in redis_service["spec"]["ports"]} == {ports.REDIS}
-    assert meta["databaseIndex"] == "0" and "enableTLS" not in meta
-    # The password is the one the in-chart Redis requires: the same Secret and key.
-    server = objects[("StatefulSet", "ragr1-redis")]["spec"]["template"]["spec"]["containers"][0]
-    required = env(server)["REDIS_PASSWORD"]["secretKeyRef"]
-    assert secret_refs(objects) == {"password": (required["name"], required["key"])}
-    own = render(chart, on(redis={"existingSecret": "mine"}))
-    assert secret_refs(own) == {"password": ("mine", "redis-password")}
+    # Without the trainer's series KEDA holds a replica count instead of reading "no work" as zero.
+    assert scaler["spec"]["fallback"] == {"failureThreshold": 3, "replicas": 2}
+    t = triggers(objects)
+    assert set(t) == {"prompts", "holders"}
+    trainer = objects[("Service", "ragr1-trainer")]
+    assert trainer["metadata"]["labels"]["ragr1.io/metrics"] == "true"  # scraped, so the series exist
+    for name, metric in (("prompts", metrics.PROMPTS_BACKLOG), ("holders", metrics.PROMPT_HOLDERS)):
+        meta = t[name]
+        assert meta["serverAddress"] == PROMETHEUS and meta["ignoreNullValues"] == "false"
+        assert meta["activationThreshold"] == "0"  # one waiting prompt wakes a fleet at zero
+        (series,) = re.findall(r"\b(ragr1_[a-z_]+)\{", meta["query"])
+        assert series == metric._name
+        # This release's trainer only, as the Prometheus operator labels what the ServiceMonitor scrapes.
+        assert f'namespace="{NAMESPACE}"' in meta["query"]
+        assert f'service="{trainer["metadata"]["name"]}"' in meta["query"]
+    assert t["prompts"]["threshold"] == "24" and t["holders"]["threshold"] == "1"
 
 
-def test_keda_trusts_the_charts_ca_and_shows_the_client_certificate(chart: helm_python.Chart) -> None:
-    objects = render(chart, on(tls={"enabled": True, "secretName": "ragr1-tls", "mutual": True}))
-    refs = secret_refs(objects)
-    # KEDA takes `tls: enable` from a Secret only, and refuses it beside enableTLS in the trigger.
-    assert "enableTLS" not in trigger(objects)["metadata"]
-    switch = objects[("Secret", refs.pop("tls")[0])]
-    assert switch["stringData"] == {"tls": "enable"}
-    assert refs == {"password": ("ragr1-redis", "redis-password"), "ca": ("ragr1-tls", "ca.crt"),
-                    "cert": ("ragr1-tls", "tls.crt"), "key": ("ragr1-tls", "tls.key")}
-    one_way = secret_refs(render(chart, on(tls={"enabled": True, "secretName": "ragr1-tls"})))
-    assert set(one_way) == {"password", "tls", "ca"}
+def desired(objects: Render, values: dict[str, float]) -> int:
+    """What Kubernetes's HPA asks for from KEDA's triggers (average-value metrics): the largest, over the
+    triggers, of ceil(the query's value / its threshold), within min..max; ``values`` by trigger."""
+    scaler = scaled_object(objects)
+    wanted = max(math.ceil(values[name] / float(meta["threshold"])) for name, meta in triggers(objects).items())
+    return min(max(wanted, scaler["spec"]["minReplicaCount"]), scaler["spec"]["maxReplicaCount"])
 
 
-@pytest.mark.parametrize("password", ["secret", "p%40ss%3Aw0rd%25"], ids=["plain", "escaped"])
-def test_an_external_redis_is_read_where_and_as_the_workers_read_it(chart: helm_python.Chart,
-                                                                     password: str) -> None:
-    url = f"rediss://:{password}@redis.example:6380/2"
-    objects = render(chart, on(redis={"enabled": False, "url": url}))
-    meta = trigger(objects)["metadata"]
-    workers = redis.ConnectionPool.from_url(url).connection_kwargs  # as redis-py reads the URL
-    assert meta["address"] == f"{workers['host']}:{workers['port']}"
-    assert meta["databaseIndex"] == str(workers["db"])
-    refs = secret_refs(objects)
-    assert set(refs) == {"password", "tls"}  # rediss:// with a public CA: no CA of the chart's
-    name, key = refs["password"]
-    assert objects[("Secret", name)]["stringData"][key] == workers["password"]
-    plain = render(chart, on(redis={"enabled": False, "url": "redis://redis.example/0"}))
-    assert trigger(plain)["metadata"]["address"] == f"redis.example:{ports.REDIS}"
-    assert "authenticationRef" not in trigger(plain)
-    assert kinds(plain, "TriggerAuthentication") == [] and ("Secret", "ragr1-redis-scaler") not in plain
+def test_the_triggers_ask_for_what_the_fleets_rule_asks_for(chart: helm_python.Chart) -> None:
+    objects = render(chart, {"policy": {"autoscaling": {**ON["policy"]["autoscaling"], "minReplicas": 0,
+                                                        "maxReplicas": 100, "promptsPerReplica": 8}}})
+    for waiting, in_progress, holders in itertools.product([0, 1, 7, 8, 9, 40], [0, 1, 3, 16, 24], [0, 1, 3, 5]):
+        if holders > in_progress:
+            continue
+        got = desired(objects, {"prompts": waiting + in_progress, "holders": holders})
+        assert got == fleet.wanted_replicas(waiting, in_progress, holders, 8), (waiting, in_progress, holders)
+    # The states that broke the lag-only rule: lag 0 with prompts in progress on three replicas.
+    assert desired(objects, {"prompts": 3, "holders": 3}) == 3
+    assert desired(objects, {"prompts": 1, "holders": 0}) == 1  # one waiting prompt, a fleet at zero
 
 
-def test_keda_may_reach_the_in_chart_redis(chart: helm_python.Chart) -> None:
-    def peers(objects: Render) -> list[dict[str, Any]]:
-        (rule,) = objects[("NetworkPolicy", "ragr1-redis-ingress")]["spec"]["ingress"]
-        return list(rule["from"])
-
-    keda = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "keda-operator"}}}
-    assert keda not in peers(render(chart))
-    assert keda in peers(render(chart, ON))
+def test_the_prometheus_address_is_required(chart: helm_python.Chart) -> None:
+    values = {"policy": {"autoscaling": {**ON["policy"]["autoscaling"], "prometheusAddress": ""}}}
+    with pytest.raises(helm_python.HelmError, match=r"policy\.autoscaling\.prometheusAddress is required"):
+        render(chart, values)
 
 
 def test_min_replicas_above_max_is_refused(chart: helm_python.Chart) -> None:
     with pytest.raises(helm_python.HelmError, match=r"policy\.autoscaling\.minReplicas \(7\) must not be above "
                                                     r"policy\.autoscaling\.maxReplicas \(6\)"):
-        render(chart, {"policy": {"autoscaling": {"enabled": True, "minReplicas": 7, "maxReplicas": 6}}})
-    render(chart, {"policy": {"autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 1}}})
+        render(chart, {"policy": {"autoscaling": {**ON["policy"]["autoscaling"], "minReplicas": 7, "maxReplicas": 6}}})
+    render(chart, {"policy": {"autoscaling": {**ON["policy"]["autoscaling"], "minReplicas": 0, "maxReplicas": 1}}})

@@ -40,17 +40,19 @@ from tests.deploy.conftest import CHART, ragr1_invocations
 
 Leaf = tuple[str, ...]
 
-# The values every leaf is changed on: the defaults (plus two values that do nothing while their switch
-# is off, so that turning tls or the external Redis on renders) and everything optional turned on (TLS and
-# mTLS, the RayJob trainer, an external Redis, the models volume, a corpus), where the values behind those
-# switches take effect.
+# The values every leaf is changed on: the defaults (plus three values that do nothing while their switch
+# is off, so that turning tls, the external Redis or the autoscaler on renders) and everything optional
+# turned on (TLS and mTLS, the RayJob trainer, an external Redis, the models volume, a corpus), where the
+# values behind those switches take effect.
 BASES: dict[str, dict[str, Any]] = {
-    "defaults": {"tls": {"secretName": "ragr1-tls"}, "redis": {"url": "redis://redis.example:6379/0"}},
+    "defaults": {"tls": {"secretName": "ragr1-tls"}, "redis": {"url": "redis://redis.example:6379/0"},
+                 "policy": {"autoscaling": {"prometheusAddress": "http://prometheus:9090"}}},
     "everything": {
         **copy.deepcopy(EVERYTHING_ON),
         "trainer": {"ray": {"enabled": True}},
         "redis": {"enabled": False, "url": "rediss://:secret@redis.example:6379/0"},
         "index": {"corpus": {"input": ["/models/corpus.jsonl.gz"]}},
+        "policy": {"autoscaling": {"prometheusAddress": "http://prometheus:9090"}},
     },
 }
 

@@ -31,7 +31,6 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",),
     ("ray.io/v1", "RayJob"): ("entrypoint", "rayClusterSpec"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("scaleTargetRef", "triggers"),
-    ("keda.sh/v1alpha1", "TriggerAuthentication"): ("secretTargetRef",),
 }
 SERVERS = {"retriever-shard": ports.RETRIEVER_SHARD, "retriever": ports.RETRIEVER, "reward": ports.REWARD,
            "policy": ports.POLICY, "trainer": ports.TRAINER}
@@ -48,11 +47,14 @@ def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{name}-{group['groupName']}", group["template"]["spec"]
 
 
+AUTOSCALING = {"enabled": True, "prometheusAddress": "http://prometheus:9090"}
+
+
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, {"trainer": {"ray": {"enabled": True}}},
                                     {"redis": {"enabled": False, "url": "redis://redis.example:6379/0"},
                                      "auth": {"enabled": False}, "networkPolicy": {"enabled": False}},
-                                    {**EVERYTHING_ON, "policy": {"autoscaling": {"enabled": True}}},
-                                    {"policy": {"autoscaling": {"enabled": True}},
+                                    {**EVERYTHING_ON, "policy": {"autoscaling": AUTOSCALING}},
+                                    {"policy": {"autoscaling": AUTOSCALING},
                                      "redis": {"enabled": False, "url": "rediss://:secret@redis.example:6380/1"}}],
                          ids=["defaults", "tls-servicemonitor-models", "ray", "external-redis-no-auth",
                               "autoscaling-tls", "autoscaling-external-redis"])
@@ -70,7 +72,7 @@ def test_every_manifest_is_valid_kubernetes(chart: helm_python.Chart, values: di
 
 
 @pytest.mark.parametrize("values", [{}, {**EVERYTHING_ON, "trainer": {"ray": {"enabled": True}},
-                                         "policy": {"autoscaling": {"enabled": True}}}],
+                                         "policy": {"autoscaling": AUTOSCALING}}],
                          ids=["defaults", "everything-on"])
 def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
     report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
@@ -395,9 +397,9 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"trainer": {"alarms": {"klceiling": 1}}}, "additional properties 'klceiling' not allowed"),
         ({"policy": {"autoscaling": {"enabled": "yes"}}}, "at '/policy/autoscaling/enabled': got string, want boolean"),
         ({"policy": {"autoscaling": {"maxReplicas": 0}}}, "at '/policy/autoscaling/maxReplicas': minimum"),
-        ({"policy": {"autoscaling": {"backlogPerReplica": 0}}}, "at '/policy/autoscaling/backlogPerReplica': minimum"),
+        ({"policy": {"autoscaling": {"promptsPerReplica": 0}}}, "at '/policy/autoscaling/promptsPerReplica': minimum"),
         ({"policy": {"autoscaling": {"max": 4}}}, "additional properties 'max' not allowed"),
-        ({"networkPolicy": {"keda": {"pods": {}}}}, "additional properties 'pods' not allowed"),
+        ({"networkPolicy": {"prometheus": {"pods": {}}}}, "additional properties 'pods' not allowed"),
     ]:
         with pytest.raises(helm_python.HelmError, match=re.escape(message)):
             render(chart, values)

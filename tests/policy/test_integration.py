@@ -272,7 +272,7 @@ def test_weight_update_changes_generation_and_version(
 
 
 def test_rollout_worker_scores_and_acks_through_redis(
-    client: PolicyClient, redis_server: RedisServer, tokenizer: Any
+    client: PolicyClient, redis_server: RedisServer, tokenizer: Any, policy_model_dir: Path
 ) -> None:
     r = redis.Redis.from_url(redis_server.url)
     prompts = StreamQueue(r, PROMPTS, common_pb2.PromptTask, group=WORKER_GROUP)
@@ -288,6 +288,10 @@ def test_rollout_worker_scores_and_acks_through_redis(
     hotpot = hotpot_tasks(2)
     prompts.produce([direct, *hotpot])
     wanted = {"w-direct": 2, **{t.id: 1 for t in hotpot}}
+    # A worker takes prompts once it serves the announced weights: the trainer's starting ones, its own model.
+    time.sleep(1.0)
+    assert prompts.undelivered() == 4
+    assert fleet.announce_checkpoint(r, 0, policy_model_dir)
     deadline = time.monotonic() + 240
     produced: list[common_pb2.Rollout] = []
     while time.monotonic() < deadline and len(produced) < sum(wanted.values()):
