@@ -6,23 +6,27 @@ then every prompt is accounted for from Redis and the trainer's checkpoint, not 
 The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
 shards, the reward service, one policy replica with a rollout worker, the PPO trainer with GRPO and LoRA on
 SmolLM2-135M), supervised as `ragr1 up` supervises it: whatever dies is restarted with backoff, and
-`ragr1 scale` adds and removes policy replicas. A third of the prompts cannot be served (questions over the
-policy's length limit), so their workers dead-letter them. Faults, each at a point drawn from ``--seed`` or
-chosen by the run's state:
+`ragr1 scale` adds and removes policy replicas. The trainer starts from other weights than the replicas'
+own model (a copy of it with one tensor changed, as an SFT checkpoint would be): it announces them as v0,
+and every replica must load them before its first prompt. A third of the prompts cannot be served
+(questions over the policy's length limit), so their workers dead-letter them. Faults, each at a point drawn
+from ``--seed`` or chosen by the run's state:
 
 - a second replica joins after the first update (`ragr1 scale --policy-replicas 2`): it must load the
   announced version before it takes a prompt (no rollout of its own below that version), and its
   rollouts reach the trainer;
 - the trainer SIGKILLed 5 times, spread over the run (during start-up, collection, an update or a save);
 - a rollout worker paused (SIGSTOP) while it holds prompts, past the reclaim time, then resumed: the
-  other worker reclaims them and the paused one's late copies must not be trained twice;
+  other worker reclaims them and the paused one's late copies (produced twice: the de-duplication must
+  run) must not be trained twice;
 - the other rollout worker SIGKILLed while it holds prompts (it comes back and must load the announced
   version before it takes a prompt);
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
 - Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart);
 - a replica SIGKILLed half-way through loading a version: it comes back and loads the current one;
 - the second replica scaled away (`ragr1 scale --policy-replicas 1`: SIGTERM, not restarted) while it holds
-  prompts: what it leaves is reclaimed by the other, and the run goes on with one replica.
+  prompts mid-rollout: it hands them back (its consumer leaves the group), the other takes them over, and
+  the run goes on with one replica.
 
 Auth is on, as `ragr1 up --auth` turns it on (a bearer token on every gRPC call, a Redis password): before
 the faults, each service is called without the token and with it, and Redis without its password; after
@@ -33,7 +37,9 @@ Then, from Redis and the last checkpoint: the run reached its number of updates;
 twice; trained rollouts come in whole groups; every admitted prompt is trained, dead-lettered with a
 reason, still in the queue at the end, dropped by the trainer's staleness bound or removed untaken at the
 end (counted from the trainer's log) -- none is missing; services restarted exactly as often as they were
-killed; the remaining replica serves the last version; no vLLM process outlives the stack. Writes ``faults.json``
+killed; every life of every replica took its first prompt serving the version announced then, with its
+digest (the trainer's starting weights included); the remaining replica serves the last version; no vLLM
+process outlives the stack. Writes ``faults.json``
 in the run folder and exits 1 when a check fails.
 """
 
@@ -61,7 +67,7 @@ from ragr1.errors import ServiceCallError
 from ragr1.model_paths import policy_checkpoint
 from ragr1.services.common import fleet
 from ragr1.services.common.process import ServiceProcess
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS
+from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.trainer.checkpoint import Checkpointer
@@ -76,6 +82,8 @@ from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from ragr1.v1 import common_pb2
 
 WORKER_GROUP = "rollout-workers"
+# The replicas' grace period: short, so that a replica scaled away mid-rollout hands back what it holds.
+GRACE_S = 3
 TRAINER_GROUP = "trainer"
 RECLAIM_MS = 15_000
 TRAINER_KILLS = 5
@@ -237,29 +245,45 @@ class Chaos:
                   f"{fault.detail['scale_s']} s)", flush=True)
 
     def _scale_away(self, fault: Fault) -> None:
-        """policy-1 scaled away while it holds prompts; done once what it left is taken over by the other."""
+        """policy-1 scaled away while it holds prompts mid-rollout; done once what it handed back is taken over
+        by the other (acknowledged, or pending under it)."""
         if not fault.detail:
             held = self.pending("policy-1")
             if not held or not self.proc("policy-1").alive():
                 return
             restarts = self.s.endpoints()["services"]["policy-1"]["restarts"]
-            fault.detail.update(held=held, restarts=restarts, asked_at=time.monotonic())
+            fault.detail.update(held=held, restarts=restarts, asked_at=time.monotonic(),
+                                log_offset=self.proc("policy-1").log_path.stat().st_size)
             self._ask_scale(1)
             print(f"chaos: policy-1 scaled away holding {len(held)} prompts", flush=True)
             return
         if self._scale is not None:
             if not self._scaled(fault):
                 return
-            fault.detail.update(left=len(self.pending("policy-1")), stopped_at=time.monotonic(),
-                                in_stack="policy-1" in self.s.processes)
-        left = self.pending("policy-1")
-        if left and time.monotonic() - fault.detail["stopped_at"] < RECLAIM_MS / 1000 + 60:
+            handed = set(self.pending(HANDED_BACK)) & set(fault.detail["held"])
+            fault.detail.update(left=len(self.pending("policy-1")), handed_back=sorted(handed),
+                                consumer_left="policy-1" not in self.consumers(),
+                                stopped_at=time.monotonic(), in_stack="policy-1" in self.s.processes)
+            text = self.s.log_dir.joinpath("policy-1.log").read_text(errors="replace")[fault.detail.pop("log_offset"):]
+            said = re.search(r"(\d+) unfinished prompts handed back", text)
+            fault.detail["handed_back_said"] = int(said[1]) if said else None
+        waiting = set(self.pending(HANDED_BACK)) | set(self.pending("policy-1"))
+        left = [e for e in fault.detail["held"] if e in waiting]
+        if left and time.monotonic() - fault.detail["stopped_at"] < RECLAIM_MS / 1000 + 120:
             return
         fault.detail.update(left_after_reclaim=len(left),
-                            reclaimed_s=round(time.monotonic() - fault.detail.pop("stopped_at"), 1))
+                            taken_over_s=round(time.monotonic() - fault.detail.pop("stopped_at"), 1))
         fault.done = True
-        print(f"chaos: policy-1 gone; {fault.detail['left']} prompts it left, {len(left)} not yet taken over",
-              flush=True)
+        print(f"chaos: policy-1 gone; it handed back {len(fault.detail['handed_back'])} of the "
+              f"{len(fault.detail['held'])} prompts it held, {len(left)} not yet taken over", flush=True)
+
+    def consumers(self) -> set[str]:
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            return {c["name"].decode() for c in client.xinfo_consumers(PROMPTS, WORKER_GROUP)}
+        finally:
+            client.close()
 
     def _worker(self, fault: Fault) -> None:
         if fault.name.startswith("worker paused"):
@@ -310,7 +334,6 @@ class Chaos:
                 served = client.weight_version(timeout=5).version
         except ServiceCallError:
             return  # still starting
-        fault.detail.setdefault("back_at_version", served)
         if served < self.version():
             return
         fault.detail.update(caught_up_after_s=round(time.monotonic() - fault.detail.pop("killed_at"), 1),
@@ -379,20 +402,40 @@ def prompts_file(directory: Path) -> tuple[Path, int]:
     return write_jsonl(records, directory / "data" / "rl.jsonl"), len(records)
 
 
+def starting_weights(model: Path, directory: Path) -> Path:
+    """The replicas' model with one tensor scaled by 1.01: weights the trainer starts from that no replica
+    serves of its own, as an SFT checkpoint is."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = directory / "start"
+    target.mkdir(parents=True)
+    for file in model.iterdir():
+        if file.suffix != ".safetensors":
+            (target / file.name).symlink_to(file)
+    for file in sorted(model.glob("*.safetensors")):
+        tensors = load_file(str(file))
+        name = sorted(n for n in tensors if n.endswith("norm.weight"))[-1]
+        tensors[name] = tensors[name] * torch.tensor(1.01, dtype=tensors[name].dtype)
+        save_file(tensors, str(target / file.name), metadata={"format": "pt"})
+    return target
+
+
 def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Scaler, int]:
     ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
+    start = starting_weights(model, directory)
     prompts, templates = prompts_file(directory)
     index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
-    worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2}
+    worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2, "grace_seconds": GRACE_S}
 
     def replica(i: int) -> ServiceSpec:
         return wiring.policy_spec(config, ports, model, worker, name=replica_name(i), port=ports.replica(i))
 
     trainer = wiring.trainer_spec(
-        config, ports, model, directory / "trainer",
+        config, ports, start, directory / "trainer",
         {"prompts_file": str(prompts), "mode": "multi", "max_updates": updates, "batch_size": 4,
          "samples_per_prompt": 2, "advantage": "grpo", "lora_rank": 16, "actor_lr": 1e-4,
          "mini_batch_size": 4, "micro_batch_size": 2,
@@ -468,6 +511,8 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             fate[number(task_of(rollout_id))].add("rollout settled untrained")  # stale, or a group dropped
         else:
             fate[number(task_of(rollout_id))].add("rollout LOST (acknowledged, neither trained nor marked)")
+    announcements = [fleet.Announcement.read(*entry) for entry in client.xrange(fleet.WEIGHTS)]
+    firsts = first_prompts(supervisor, announcements)
     log = (supervisor.log_dir / "trainer.log").read_text(errors="replace")
     removed = sum(int(n) for n in re.findall(r"removed (\d+) prompts no rollout worker had taken", log))
     stale = sum(int(n) for n in re.findall(r"dropped (\d+) rollouts \(stale groups\)", log))
@@ -505,11 +550,21 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "policy-1 joined (ragr1 scale returned 0)": joined.get("scale_exit") == 0,
         "policy-1 loaded the announced version before its first prompt (no rollout of its below it)":
             min(versions.get("policy-1", [-1])) >= joined.get("announced_at_join", 1) >= 1,
+        # One per life: policy started, killed and restarted (2), policy-1 joined, killed mid-load and restarted (2).
+        "every life of every replica took its first prompt serving the version then announced, by digest":
+            len(firsts) >= 4 and all(f["ok"] for f in firsts),
+        "a replica's first prompts met the trainer's starting weights, not its own model":
+            any(f["version"] == 0 and f["ok"] for f in firsts),
+        "duplicates were produced (the paused worker's late copies) and none trained twice":
+            sum(1 for c in produced.values() if c > 1) > 0 and len(trained) == len(set(trained)),
         "rollouts of both replicas were trained": trained_by["policy"] > 0 and trained_by["policy-1"] > 0,
         "each replica's rollout versions never go back (one version per rollout, newer weights after a restart)":
             all(v == sorted(v) for v in versions.values()),
-        "policy-1 scaled away: out of the stack, not restarted, what it held taken over":
-            away.get("scale_exit") == 0 and away.get("in_stack") is False and away.get("left_after_reclaim") == 0,
+        "policy-1 scaled away: out of the stack, not restarted, its consumer gone, what it held taken over":
+            away.get("scale_exit") == 0 and away.get("in_stack") is False and away.get("consumer_left") is True
+            and away.get("left") == 0 and away.get("left_after_reclaim") == 0,
+        "policy-1 scaled away mid-rollout handed its unfinished prompts back (as its log says)":
+            len(away.get("handed_back", [])) > 0 and away.get("handed_back_said") == len(away["handed_back"]),
         "policy-1 restarted exactly once (its load killed) before it was scaled away": away.get("restarts") == 1,
         "the trainer rode out the Redis restart (same process, next update)":
             fault["redis killed"].get("same_trainer") is True,
@@ -525,6 +580,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "removed_untaken_at_end": removed,
         "rollouts_dropped_stale": stale,
         "rollout_ids_produced_twice": sum(1 for c in produced.values() if c > 1),
+        "first_prompts": firsts,
         "rollouts_trained": len(trained),
         "rollouts_trained_by_replica": dict(trained_by),
         "rollout_versions_by_replica": {name: dict(Counter(v)) for name, v in versions.items()},
@@ -534,6 +590,25 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "faults": {f.name: {k: v for k, v in f.detail.items() if k not in ("held", "trainer_pid")}
                    | {"held": len(f.detail.get("held", []))} for f in chaos.faults},
     }
+
+
+FIRST = re.compile(r"first prompts taken at ([0-9.]+) serving v(\d+) \(sha256 ([0-9a-f]+)\)")
+
+
+def first_prompts(supervisor: Supervisor, announcements: list[fleet.Announcement]) -> list[dict[str, Any]]:
+    """Each replica life's first prompts, from its log, held against the announcements in Redis: the version it
+    served must be announced with the digest it served, and no newer version may have been announced more than
+    a couple of seconds before (the moment a version is announced, a replica may still take prompts on the one
+    before: they finish on it, by the fence)."""
+    out = []
+    for log in sorted(supervisor.log_dir.glob("policy*.log")):
+        for match in FIRST.finditer(log.read_text(errors="replace")):
+            at, version, sha = float(match[1]), int(match[2]), match[3]
+            same = [a for a in announcements if a.version == version]
+            newer = [a.version for a in announcements if a.version > version and a.at < at - 2]
+            out.append({"replica": log.stem, "at": at, "version": version, "newer_announced_before": newer,
+                        "ok": bool(same) and same[0].sha256 == sha and not newer})
+    return out
 
 
 # A call of each service that needs no particular request (an empty Score is refused as invalid, after auth).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +75,7 @@ class RolloutWorker:
         # instead of after reclaim_idle_ms. Read once at start: prompts this worker fails later wait
         # for reclaim_idle_ms like any others.
         self._backlog: list[PromptDelivery] | None = None
+        self._first_taken = False
 
     async def _take(self) -> list[PromptDelivery]:
         if self._backlog is None:
@@ -91,6 +93,16 @@ class RolloutWorker:
             return reclaimed
         return await asyncio.to_thread(self.prompts.consume, self.batch, self.block_ms)
 
+    async def _say_first(self) -> None:
+        """Logs which weights this replica's first prompts meet, with the time, so that an audit can hold them
+        against the version announced in Redis at that moment (``make test-faults`` does)."""
+        try:
+            version, _, sha = await self.policy.served_checkpoint()
+        except OSError as exc:
+            log.warning("first prompts taken; the served weights cannot be read: %s", exc)
+            return
+        log.info("first prompts taken at %.3f serving v%d (sha256 %s)", time.time(), version, sha)
+
     def _dead_letter(self, delivery: PromptDelivery, reason: str) -> None:
         task = delivery.message
         self.prompts.dead_letter(delivery.entry_id, {"id": task.id, "data": task.SerializeToString()}, reason)
@@ -101,6 +113,9 @@ class RolloutWorker:
         deliveries = await self._take()
         if not deliveries:
             return 0
+        if not self._first_taken:
+            self._first_taken = True
+            await self._say_first()
         valid: list[PromptDelivery] = []
         for d in deliveries:
             try:
