@@ -73,6 +73,13 @@ FLEET_VERSIONS = Panel(
     [("ragr1_trainer_policy_version", "announced (trainer)"),
      ("ragr1_trainer_fleet_oldest_version", "oldest generating (replicas)")],
     description="The gap is how far behind the stalest new rollouts start; beyond max_staleness they are dropped.")
+FLEET_WORK = Panel(
+    "Prompts waiting and in progress, replicas holding them",
+    [("sum by (state) (ragr1_trainer_prompts_backlog)", "{{state}}"),
+     ("max(ragr1_trainer_prompt_holders)", "replicas holding prompts")],
+    description="What the chart's KEDA autoscaler sizes the fleet by (deploy/helm/ragr1/templates/autoscaling.yaml): "
+                "waiting (taken by no replica, or handed back by one that left) and in progress (taken, not "
+                "acknowledged). In progress with no replica reporting fires Ragr1PromptsStranded.")
 
 
 def latency(title: str, histogram: str, by: str = "", legend: str = "", description: str = "",
@@ -197,7 +204,7 @@ POLICY = Dashboard(
                   [(quantile(0.99, "ragr1_policy_weight_update_seconds"), "p99 update"),
                    (rate("ragr1_policy_weight_update_failures_total"), "failures/s")], unit="s"),
         ]),
-        ("Fleet", [FLEET_BY_VERSION, FLEET_BY_STATE, FLEET_VERSIONS]),
+        ("Fleet", [FLEET_BY_VERSION, FLEET_BY_STATE, FLEET_VERSIONS, FLEET_WORK]),
     ],
 )
 
@@ -281,7 +288,7 @@ TRAINER = Dashboard(
             Panel("Queue events", [(rate("ragr1_queue_events_total", "stream, event"), "{{stream}} {{event}}")],
                   unit="ops"),
         ]),
-        ("Weights to the policy replicas", [FLEET_BY_VERSION, FLEET_BY_STATE, FLEET_VERSIONS]),
+        ("Weights to the policy replicas", [FLEET_BY_VERSION, FLEET_BY_STATE, FLEET_VERSIONS, FLEET_WORK]),
     ],
 )
 
