@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -128,3 +129,39 @@ def test_a_job_that_ignores_its_stop_request_is_cut_off_after_stop_seconds() -> 
         assert loop.time() - start < 10
     finally:
         loop.close()
+
+
+def test_on_sigterm_every_job_is_asked_to_stop_before_the_server_drains_and_all_share_one_deadline() -> None:
+    """A rollout worker must take no new prompt while the server drains its calls (drain_seconds), and jobs
+    stopping one after another must not add their stop_seconds up past the deployment's grace period."""
+    s = GrpcServer(RewardConfig(port=0, metrics_port=0, grace_seconds=1, drain_seconds=1.0), "lifecycle-test")
+    s.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(TrainerStatus()))
+    asked: dict[str, float] = {}
+
+    def stubborn(name: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], None]]:
+        async def job() -> None:
+            await asyncio.Event().wait()
+
+        def stop() -> None:
+            asked[name] = asyncio.get_running_loop().time()
+        return job, stop
+
+    for name in ("worker", "follower"):
+        job, stop = stubborn(name)
+        s.beside(job, name, stop=stop, stop_seconds=2.0)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, os.kill, os.getpid(), signal.SIGTERM)
+        await s.serve()
+        return loop.time()
+
+    loop = asyncio.new_event_loop()
+    try:
+        start = loop.time()
+        ended = loop.run_until_complete(asyncio.wait_for(main(), 30))
+    finally:
+        loop.close()
+    assert set(asked) == {"worker", "follower"}
+    assert max(asked.values()) - start < 1.0  # asked at the signal, before the 1 s drain
+    assert ended - min(asked.values()) < 3.0  # one 2 s deadline for both, not 2 + 2 after the drain
