@@ -76,6 +76,7 @@ class RolloutWorker:
         # for reclaim_idle_ms like any others.
         self._backlog: list[PromptDelivery] | None = None
         self._first_taken = False
+        self._leaving = False
 
     async def _take(self) -> list[PromptDelivery]:
         if self._backlog is None:
@@ -112,6 +113,9 @@ class RolloutWorker:
         """Runs one batch; returns how many prompts it took (0 when the stream was empty)."""
         deliveries = await self._take()
         if not deliveries:
+            return 0
+        if self._leaving:  # taken while the stop came: not started, so handed back whole
+            await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
             return 0
         if not self._first_taken:
             self._first_taken = True
@@ -211,6 +215,7 @@ class RolloutWorker:
     async def _finish(self, step: asyncio.Future[int]) -> None:
         """The batch in hand when the worker was asked to stop: ``leave_seconds`` to finish, then aborted (its
         rollouts come back ABORTED and are not acknowledged)."""
+        self._leaving = True
         log.info("stopping: the batch in hand gets %.0f s to finish", self.leave_seconds)
         done, _ = await asyncio.wait([step], timeout=self.leave_seconds)
         if not done:
