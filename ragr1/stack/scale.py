@@ -5,7 +5,7 @@ run folder does it.
 lists N replicas, each serving. The ``ragr1 up`` of DIR reads the file between its looks at the services and
 starts replicas (``policy-1``, ``policy-2``, ... beside ``policy``), or stops the newest ones with SIGTERM, as
 ``docker compose up --scale`` and a Kubernetes scale-down do: in-flight rollouts finish within the policy's
-grace time and what a stopped replica leaves unacknowledged is reclaimed by the others. One process owns every
+grace time and a stopped replica hands what it leaves unfinished back to the others. One process owns every
 service, so the added replicas stop with the stack and die with it, and endpoints.json stays the one list.
 
 A new replica needs nothing from the trainer: it loads the newest weight version announced in Redis before it
@@ -155,7 +155,7 @@ class Scaler:
                 print(f"scale: {spec.name} starting on {spec.target}; log {self.supervisor.log_dir / spec.name}.log",
                       flush=True)
         for name in reversed(names[wanted:]):
-            print(f"scale: stopping {name} (rollouts in flight finish; what it leaves is reclaimed by the others)",
+            print(f"scale: stopping {name} (rollouts in flight finish within its grace time; what it leaves is handed back to the others)",
                   flush=True)
             code = self.supervisor.remove(name, timeout=STOP_SECONDS)
             print(f"scale: {name} stopped (exit code {code})", flush=True)
