@@ -155,7 +155,7 @@ class Scaler:
                 print(f"scale: {spec.name} starting on {spec.target}; log {self.supervisor.log_dir / spec.name}.log",
                       flush=True)
         for name in reversed(names[wanted:]):
-            print(f"scale: stopping {name} (rollouts in flight finish within its grace time; what it leaves is handed back to the others)",
+            print(f"scale: stopping {name} (in-flight rollouts finish in its grace time; the rest is handed back)",
                   flush=True)
             code = self.supervisor.remove(name, timeout=STOP_SECONDS)
             print(f"scale: {name} stopped (exit code {code})", flush=True)
