@@ -24,9 +24,9 @@ from ``--seed`` or chosen by the run's state:
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
 - Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart);
 - a replica SIGKILLed half-way through loading a version: it comes back and loads the current one;
-- the second replica scaled away (`ragr1 scale --policy-replicas 1`: SIGTERM, not restarted) while it holds
-  prompts mid-rollout: it hands them back (its consumer leaves the group), the other takes them over, and
-  the run goes on with one replica.
+- the second replica scaled away (`ragr1 scale --policy-replicas 1`: SIGTERM, not restarted) while paused
+  mid-rollout (its vLLM engine's processes SIGSTOPped while it holds prompts): it hands them back (its
+  consumer leaves the group), the other takes them over, and the run goes on with one replica.
 
 Auth is on, as `ragr1 up --auth` turns it on (a bearer token on every gRPC call, a Redis password): before
 the faults, each service is called without the token and with it, and Redis without its password; after
@@ -122,6 +122,7 @@ class Chaos:
             Fault("replica scaled away", at_version=9),
         ]
         self._scale: subprocess.Popen[bytes] | None = None
+        self._paused_engine: set[int] = set()
         self._paused_at: float | None = None
         self._trainer_pid: int | None = None
         self._killed_pid: int | None = None
@@ -245,21 +246,31 @@ class Chaos:
                   f"{fault.detail['scale_s']} s)", flush=True)
 
     def _scale_away(self, fault: Fault) -> None:
-        """policy-1 scaled away while it holds prompts mid-rollout; done once what it handed back is taken over
-        by the other (acknowledged, or pending under it)."""
+        """policy-1 scaled away while paused mid-rollout (its vLLM engine's processes SIGSTOPped while it holds
+        prompts, so that its batch cannot finish within its grace time whatever the machine's speed); done once
+        what it handed back is taken over by the other (acknowledged, or pending under it)."""
         if not fault.detail:
+            worker = self.proc("policy-1")
             held = self.pending("policy-1")
-            if not held or not self.proc("policy-1").alive():
+            if not held or not worker.alive() or worker.process is None:
                 return
+            engine = engine_processes() & descendants(worker.process.pid)
+            for pid in engine:
+                os.kill(pid, signal.SIGSTOP)
             restarts = self.s.endpoints()["services"]["policy-1"]["restarts"]
-            fault.detail.update(held=held, restarts=restarts, asked_at=time.monotonic(),
-                                log_offset=self.proc("policy-1").log_path.stat().st_size)
+            fault.detail.update(held=held, restarts=restarts, asked_at=time.monotonic(), engine_paused=len(engine),
+                                log_offset=worker.log_path.stat().st_size)
+            self._paused_engine = engine
             self._ask_scale(1)
-            print(f"chaos: policy-1 scaled away holding {len(held)} prompts", flush=True)
+            print(f"chaos: policy-1 scaled away holding {len(held)} prompts, its engine's {len(engine)} processes "
+                  "paused", flush=True)
             return
         if self._scale is not None:
             if not self._scaled(fault):
                 return
+            for pid in self._paused_engine:  # whatever of them is left, so that it can exit
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
             # Where what it held went: the other replica takes handed-back prompts within a second when idle, so
             # by now they are often its own already.
             fault.detail.update(left=len(self.pending("policy-1")), waiting_handed_back=len(
@@ -566,8 +577,8 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "policy-1 scaled away: out of the stack, not restarted, its consumer gone, what it held taken over":
             away.get("scale_exit") == 0 and away.get("in_stack") is False and away.get("consumer_left") is True
             and away.get("left") == 0 and away.get("left_after_reclaim") == 0,
-        "policy-1 scaled away mid-rollout handed its unfinished prompts back (its log says how many)":
-            (away.get("handed_back_said") or 0) > 0,
+        "policy-1 scaled away paused mid-rollout handed its unfinished prompts back (its log says how many)":
+            (away.get("engine_paused") or 0) > 0 and (away.get("handed_back_said") or 0) > 0,
         "policy-1 restarted exactly once (its load killed) before it was scaled away": away.get("restarts") == 1,
         "the trainer rode out the Redis restart (same process, next update)":
             fault["redis killed"].get("same_trainer") is True,
@@ -671,6 +682,20 @@ def command_lines() -> dict[int, bytes]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 found[int(entry.name)] = (entry / "cmdline").read_bytes()
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, their children, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
     return found
 
 
