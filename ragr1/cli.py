@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def explain(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one-line message for an exception that ends a command."""
-    if isinstance(exc, ModuleNotFoundError) and exc.name:  # before the imports below, which may be missing too
+    # Before the imports below, which may be missing too; a module of this package missing is a bug instead.
+    if isinstance(exc, ModuleNotFoundError) and exc.name and not exc.name.startswith("ragr1"):
         return 1, missing_module(exc)
     import grpc
     import redis
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
     except ModuleNotFoundError as exc:  # a client-only install: every command, --help too, needs more
-        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0") or not exc.name:
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0") or not exc.name or exc.name.startswith("ragr1"):
             raise
         print(f"ragr1: error: {missing_module(exc)}", file=sys.stderr, flush=True)
         return 1

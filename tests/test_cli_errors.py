@@ -244,7 +244,7 @@ def test_a_port_out_of_range_is_refused_by_name(capsys: pytest.CaptureFixture[st
                                                 low: int) -> None:
     code, line = in_process(capsys, "serve", "reward", flag, value)
     name = flag.removeprefix("--").replace("-", "_")
-    assert (code, line) == (2, f"ragr1 serve reward: error: {name} must be between {low} and 65535, got {value}")
+    assert (code, line) == (2, f"ragr1 serve reward: error: {name} must be within [{low}, 65535], got {value}")
 
 
 def test_version_needs_no_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,3 +258,6 @@ def test_a_missing_module_names_its_extra() -> None:
     code, message = explain(ModuleNotFoundError("No module named 'vllm'", name="vllm"))
     assert (code, message) == (1, "this command needs the 'policy' extra, which is not installed (no module 'vllm'): "
                                   "pip install 'ragr1[policy]'")
+    # A module of this package missing is a bug, not an install to complete.
+    code, message = explain(ModuleNotFoundError("No module named 'ragr1.gone'", name="ragr1.gone"))
+    assert code == 1 and message.startswith("ModuleNotFoundError: ") and "extra" not in message

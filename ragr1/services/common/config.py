@@ -140,7 +140,7 @@ HELP_GROUPS = {
     "server": "the server: address, metrics, shutdown, auth, logging",
 }
 # Classes in modules that this one may not import (they import it): their group by class name.
-_HELP_GROUP_OF_CLASS = {"QueueConfig": "redis", "ServerConfig": "server", "RedisConfig": "redis"}
+_HELP_GROUP_OF_CLASS = {"QueueConfig": "redis", "ServerConfig": "server"}
 OWN_GROUP = "command"
 
 
@@ -207,7 +207,7 @@ class Listening(ServerTLS):
         for name, low in (("port", 0), ("metrics_port", -1)):
             value = getattr(self, name, None)
             if isinstance(value, int) and not low <= value <= 65535:
-                raise ValueError(f"{name} must be between {low} and 65535, got {value}")
+                raise ValueError(f"{name} must be within [{low}, 65535], got {value}")
 
 
 def write_secret(path: Path, text: str) -> Path:
