@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from ragr1.errors import ServiceCallError
@@ -24,6 +25,8 @@ REFUSED = [
     ((RetrieverClient, AsyncRetrieverClient), "search", (["who wrote hamlet"],), {"top_k": "3"}, "top_k"),
     ((RetrieverClient, AsyncRetrieverClient), "search", ([b"bytes"],), {}, "queries[0]"),
     ((RetrieverClient, AsyncRetrieverClient), "search", (["q"],), {"groups": [0.5]}, "groups[0]"),
+    ((RetrieverClient, AsyncRetrieverClient), "search", (["q", "r"],), {"groups": [0, True]}, "groups[1]"),
+    ((RetrieverClient, AsyncRetrieverClient), "search", (["q"],), {"groups": "0"}, "groups"),
     ((RetrieverClient, AsyncRetrieverClient), "search", (["q"],), {"top_k": True}, "top_k"),
     ((RewardClient, AsyncRewardClient), "score", ("an answer",), {}, "items"),
     ((PolicyClient, AsyncPolicyClient), "generate", ("a prompt",), {}, "prompts"),
@@ -61,7 +64,8 @@ def test_async_client_refuses_wrong_types(pair: tuple[type, type], method: str, 
 
 
 def test_right_types_reach_the_network() -> None:
-    """The checks let good arguments through: the call is made, and fails only for want of a server."""
+    """The checks let good arguments through (a tuple, numpy's ints): the call is made, and fails only for
+    want of a server."""
     with RetrieverClient(NOWHERE, timeout=0.2) as client, pytest.raises(ServiceCallError) as failed:
-        client.search(("who wrote hamlet", "hamlet author"), top_k=3, groups=[0, 0])
+        client.search(("who wrote hamlet", "hamlet author"), top_k=np.int64(3), groups=np.array([0, 0]))
     assert failed.value.code is grpc.StatusCode.UNAVAILABLE

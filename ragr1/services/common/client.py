@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import numbers
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -110,15 +111,20 @@ def sequence_of(name: str, value: object, item_type: type | tuple[type, ...]) ->
         raise ArgumentRefused(f"{name} must be a list, got {_type_name(value)} {value!r:.60}")
     out = list(value)
     for i, item in enumerate(out):
-        if not isinstance(item, item_type) or isinstance(item, bool):
+        if not isinstance(item, item_type):
             raise ArgumentRefused(f"{name}[{i}] must be {_names(item_type)}, got {_type_name(item)} {item!r:.60}")
     return out
 
 
 def integer(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
+    """An int (numpy's included: ``numbers.Integral``), never a bool or a str of digits."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise ArgumentRefused(f"{name} must be an int, got {_type_name(value)} {value!r:.60}")
-    return value
+    return int(value)
+
+
+def integers(name: str, value: object) -> list[int]:
+    return [integer(f"{name}[{i}]", item) for i, item in enumerate(sequence_of(name, value, object))]
 
 
 def text(name: str, value: object) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragr1.services.common.client import AsyncClient, Client, flag, integer, sequence_of, service_name
+from ragr1.services.common.client import AsyncClient, Client, flag, integer, integers, sequence_of, service_name
 from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -31,7 +31,7 @@ def _search_request(
     return retriever_pb2.SearchRequest(
         queries=sequence_of("queries", queries, str),
         top_k=integer("top_k", top_k),
-        groups=sequence_of("groups", groups, int),
+        groups=integers("groups", groups),
         dedup_within_group=flag("dedup_within_group", dedup_within_group),
         omit_text=flag("omit_text", omit_text),
     )
