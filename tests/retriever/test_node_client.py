@@ -6,7 +6,9 @@ status and the reason."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -70,3 +72,43 @@ def test_the_node_client_reports_a_refusal_in_one_line(node_client: Path, cluste
         f"ragr1.v1.Retriever/Search at {cluster['grpc']}: INVALID_ARGUMENT: "
         "top_k must be an integer in [1, max_top_k=100], got 101"
     )
+
+
+def node(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """search.js as run outside the repository (the fixture's copy), without ``--proto`` unless given."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RAGR1_")}
+    return subprocess.run(["node", "search.js", *args], cwd=folder, capture_output=True, text=True, timeout=120,
+                          env={**environment, **(env or {})})
+
+
+def test_the_node_client_outside_the_repository_asks_for_proto_in_one_line(node_client: Path) -> None:
+    out = node(node_client, "127.0.0.1:1", "q")
+    assert out.returncode == 2
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("search.js: error: ") and line.endswith("the repository's proto/ folder with --proto DIR")
+
+
+def test_the_node_client_names_an_unreachable_retriever_without_an_empty_note(node_client: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    out = node(node_client, "--proto", str(PROTO_DIR), "--timeout", "5", address, "q")
+    assert out.returncode == 1
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"ragr1.v1.Retriever/Search at {address}: UNAVAILABLE: "), line
+    assert "Resolution note" not in line and not line.endswith(":"), line
+
+
+def test_the_node_client_reads_the_python_clients_token_variable(node_client: Path, tmp_path: Path) -> None:
+    """RAGR1_CLIENT_TOKEN_FILE, as ``ragr1.services.common.client`` reads it: a missing file is named, a
+    token read from one is sent (here without TLS, which it warns about)."""
+    missing = tmp_path / "none"
+    out = node(node_client, "--proto", str(PROTO_DIR), "127.0.0.1:1", "q",
+               env={"RAGR1_CLIENT_TOKEN_FILE": str(missing)})
+    assert (out.returncode, out.stderr.strip()) == (
+        2, f"search.js: error: token file (--token-file, RAGR1_CLIENT_TOKEN_FILE) {missing}: no such file")
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    out = node(node_client, "--proto", str(PROTO_DIR), "--timeout", "2", "127.0.0.1:1", "q",
+               env={"RAGR1_CLIENT_TOKEN_FILE": str(token)})
+    assert out.stderr.splitlines()[0] == "warning: sending a bearer token without TLS", out.stderr

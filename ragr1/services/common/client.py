@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import numbers
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -91,6 +92,55 @@ class ChannelOptions:
             private_key=Path(self.key_file).read_bytes() if self.key_file else None,
             certificate_chain=Path(self.cert_file).read_bytes() if self.cert_file else None,
         )
+
+
+# -- arguments checked before a request is built ----------------------------------------------------------
+# protobuf would take a str as the sequence of its characters (16 one-letter queries) and raise a bare
+# TypeError that names no argument: a client refuses both here, as INVALID_ARGUMENT naming the argument.
+class ArgumentRefused(TypeError):
+    """A client method's argument of the wrong type; ``_call`` raises it as ``ServiceCallError``."""
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def sequence_of(name: str, value: object, item_type: type | tuple[type, ...]) -> list[Any]:
+    """``value`` as a list of ``item_type``: a list or tuple of them, never a bare str or bytes."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ArgumentRefused(f"{name} must be a list, got {_type_name(value)} {value!r:.60}")
+    out = list(value)
+    for i, item in enumerate(out):
+        if not isinstance(item, item_type):
+            raise ArgumentRefused(f"{name}[{i}] must be {_names(item_type)}, got {_type_name(item)} {item!r:.60}")
+    return out
+
+
+def integer(name: str, value: object) -> int:
+    """An int (numpy's included: ``numbers.Integral``), never a bool or a str of digits."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ArgumentRefused(f"{name} must be an int, got {_type_name(value)} {value!r:.60}")
+    return int(value)
+
+
+def integers(name: str, value: object) -> list[int]:
+    return [integer(f"{name}[{i}]", item) for i, item in enumerate(sequence_of(name, value, object))]
+
+
+def text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ArgumentRefused(f"{name} must be a str, got {_type_name(value)} {value!r:.60}")
+    return value
+
+
+def flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentRefused(f"{name} must be a bool, got {_type_name(value)} {value!r:.60}")
+    return value
+
+
+def _names(types_: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (types_ if isinstance(types_, tuple) else (types_,)))
 
 
 # -- what every call of a channel gets --------------------------------------------------------------
@@ -201,6 +251,19 @@ class _ClientBase(Generic[StubT]):
     def _health_request(self, service: str | None) -> health_pb2.HealthCheckRequest:
         return health_pb2.HealthCheckRequest(service=self.service if service is None else service)
 
+    def _request(self, method: str, request: Any) -> Any:
+        """``request``, or ``request()`` where it is a function building one from a method's arguments: an
+        argument it refuses is raised as ``ServiceCallError`` (INVALID_ARGUMENT, as the service would
+        answer it) before anything is sent."""
+        if not callable(request):
+            return request
+        try:
+            return request()
+        except ArgumentRefused as exc:
+            raise ServiceCallError(
+                grpc.StatusCode.INVALID_ARGUMENT, str(exc), service=self.service, method=method, target=self.target
+            ) from exc
+
     def _failed(self, error: grpc.RpcError, method: str, service: str | None = None) -> ServiceCallError:
         return ServiceCallError.from_rpc_error(
             error, service=self.service if service is None else service, method=method, target=self.target
@@ -217,7 +280,9 @@ class Client(_ClientBase[StubT]):
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
     def _call(self, method: str, request: Any, timeout: float | None) -> Any:
-        """``self.stub.<method>(request)`` with the call's deadline; a failure raised as ``ServiceCallError``."""
+        """``self.stub.<method>(request)`` with the call's deadline; a failure raised as ``ServiceCallError``.
+        ``request`` may be a function that builds it from the method's arguments (see ``_request``)."""
+        request = self._request(method, request)
         try:
             return getattr(self.stub, method)(request, timeout=timeout)
         except grpc.RpcError as exc:
@@ -269,6 +334,7 @@ class AsyncClient(_ClientBase[StubT]):
 
     async def _call(self, method: str, request: Any, timeout: float | None) -> Any:
         """The twin of ``Client._call``."""
+        request = self._request(method, request)
         try:
             return await getattr(self.stub, method)(request, timeout=timeout)
         except grpc.RpcError as exc:

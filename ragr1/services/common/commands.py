@@ -42,7 +42,12 @@ def command(
     ``fixed`` are settings this command always runs with (``rollout-worker``: ``worker=True``).
     The parser keeps ``config_class`` and ``fixed_settings`` as defaults, for the settings reference, and
     ``command_name`` (``ragr1 serve reward``) for error messages."""
-    parser: argparse.ArgumentParser = parsers.add_parser(name, help=help)
+    # add_help=False: add_arguments gives it ``--help [GROUP]``. The usage line stays short: a service has
+    # a hundred settings or more, and --help lists them by group below it.
+    parser: argparse.ArgumentParser = parsers.add_parser(
+        name, help=help, add_help=False,
+        usage="%(prog)s [-h [GROUP]] [--config FILE] [--SETTING VALUE ...]",
+    )
     add_arguments(parser, config_cls)
     fixed = dict(fixed or {})
 

@@ -25,11 +25,12 @@ import difflib
 import inspect
 import json
 import os
+import sys
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -40,11 +41,13 @@ ENV_PREFIX = "RAGR1_"
 T = TypeVar("T")
 
 
-def setting(default: Any, help: str, *, factory: bool = False) -> Any:
-    """A config field with its documentation. ``factory`` for mutable defaults (lists)."""
+def setting(default: Any, help: str, *, factory: bool = False, group: str = "") -> Any:
+    """A config field with its documentation. ``factory`` for mutable defaults (lists); ``group``: the
+    help group it is listed under (one of ``HELP_GROUPS``) where its class's own group is not it."""
+    metadata = {"help": help, **({"group": group} if group else {})}
     if factory:
-        return dataclasses.field(default_factory=default, metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def section(cls: type, help: str, *, managed: Sequence[str] = ()) -> Any:
@@ -127,11 +130,35 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+# ``--help`` lists a command's own settings first, then these groups in this order; ``--help GROUP`` one
+# of them. A config class says its group as ``help_group``; a setting as ``setting(..., group=)``.
+HELP_GROUPS = {
+    "model": "the model and its engine",
+    "information": "the <information> block",
+    "redis": "Redis: the prompts and rollouts streams",
+    "tls": "TLS of the server",
+    "server": "the server: address, metrics, shutdown, auth, logging",
+}
+OWN_GROUP = "command"
+
+
+def help_group(cls: type, name: str, f: dataclasses.Field[Any]) -> str:
+    """The help group of ``cls``'s setting ``name``: the setting's own, else its defining class's, else the
+    command's own settings (``OWN_GROUP``)."""
+    if f.metadata.get("group"):
+        return str(f.metadata["group"])
+    home = home_of(cls, name)
+    group = getattr(home, "help_group", None)
+    return str(group) if group and home is not cls else OWN_GROUP
+
+
 @dataclasses.dataclass
 class InformationSettings(Validated):
     """The <information> block RAG-R1 inserts after a search: the policy's loop builds it, and SFT
     trajectories (``ragr1 train sft``, ``ragr1 data prepare``) must show the same one, so SFT teaches what
     RL sees."""
+
+    help_group: ClassVar[str] = "information"
 
     top_k: int = setting(TOP_K, "passages per query in the <information> block (SFT's and the policy's agree)")
     tokens_per_query: int = setting(
@@ -147,6 +174,8 @@ class InformationSettings(Validated):
 @dataclasses.dataclass
 class ServerTLS(Validated):
     """A server's TLS settings, the same for every gRPC server and ``ragr1 redis``."""
+
+    help_group: ClassVar[str] = "tls"
 
     tls_cert_file: str = setting("", "PEM server certificate; with tls_key_file turns TLS on")
     tls_key_file: str = setting("", "PEM private key of tls_cert_file")
@@ -165,7 +194,18 @@ class ServerTLS(Validated):
 class Listening(ServerTLS):
     """Where a server listens, the same for every gRPC server and ``ragr1 redis``."""
 
+    help_group: ClassVar[str] = "server"
+
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 in containers)")
+
+    def validate(self) -> None:
+        super().validate()
+        # Each server declares its own port (and metrics_port, -1 meaning "derived"): refused here, by
+        # name, instead of as bind()'s OverflowError once the server starts.
+        for name, low in (("port", 0), ("metrics_port", -1)):
+            value = getattr(self, name, None)
+            if isinstance(value, int) and not low <= value <= 65535:
+                raise ValueError(f"{name} must be within [{low}, 65535], got {value}")
 
 
 def write_secret(path: Path, text: str) -> Path:
@@ -195,8 +235,9 @@ def base_type(tp: Any) -> Any:
     return tp
 
 
-def _convert(name: str, tp: Any, value: Any) -> Any:
-    """Converts a file, environment or flag value to the field's type, naming the field on error."""
+def _convert(name: str, tp: Any, value: Any, source: str = "") -> Any:
+    """Converts a file, environment or flag value to the field's type, naming the field and where the
+    value came from (``RAGR1_PORT``, ``--port``) on error."""
     base = base_type(tp)
     if value is None:
         return None
@@ -205,7 +246,7 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
             (item,) = typing.get_args(base)
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
-            return [_convert(name, item, v) for v in value]
+            return [_convert(name, item, v, source) for v in value]
         if base is bool:
             if isinstance(value, bool):
                 return value
@@ -222,7 +263,8 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
         if base in (int, float, str):
             return base(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"config field {name!r}: {exc}") from exc
+        where = f" (from {source})" if source else ""
+        raise ValueError(f"config field {name!r}: {exc}{where}") from exc
     return value
 
 
@@ -232,7 +274,11 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def read_file(path: Path) -> dict[str, Any]:
     text = Path(path).read_text()
-    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:  # their messages name a line, never the file
+        raise ValueError(f"config file {path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: "
+                         f"{' '.join(str(exc).split())}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -282,13 +328,13 @@ def _build(
         given = []
         if f.name in data:
             given.append(f"a config file's {name}")
-            values[f.name] = _convert(name, hints[f.name], data[f.name])
+            values[f.name] = _convert(name, hints[f.name], data[f.name], "config file")
         if env_name(name) in env:
             given.append(env_name(name))
-            values[f.name] = _convert(name, hints[f.name], env[env_name(name)])
+            values[f.name] = _convert(name, hints[f.name], env[env_name(name)], env_name(name))
         if overrides.get(name) is not None:
             given.append(flag_name(name))
-            values[f.name] = _convert(name, hints[f.name], overrides[name])
+            values[f.name] = _convert(name, hints[f.name], overrides[name], flag_name(name))
         if given and f.name in managed:
             raise ValueError(f"{name} is not a setting of this command: it sets it itself ({', '.join(given)})")
     try:
@@ -321,18 +367,60 @@ def load(
     return _build(cls, data, os.environ if env is None else env, overrides or {})
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One ``--flag`` per setting (sections' as ``--<section>.<setting>``); absent flags stay ``None`` so
-    that lower layers show through."""
-    parser.add_argument("--config", type=Path, default=None, help="YAML or JSON file of settings")
+def help_groups(cls: type) -> dict[str, list[tuple[str, dataclasses.Field[Any], Any]]]:
+    """``cls``'s settings by help group, in the order ``--help`` lists them: the command's own, each
+    section (named for it), then ``HELP_GROUPS``."""
+    groups: dict[str, list[tuple[str, dataclasses.Field[Any], Any]]] = {OWN_GROUP: []}
+    own = {f.name for f in dataclasses.fields(cls)}
     for name, f, hint in settings_of(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        help_text = f"{f.metadata.get('help', '')} [default: {default!r}; env {env_name(name)}]"
-        if base_type(hint) is bool:
-            parser.add_argument(flag_name(name), dest=name, default=None, action=argparse.BooleanOptionalAction,
-                                help=help_text)
-        else:
-            parser.add_argument(flag_name(name), dest=name, default=None, help=help_text)
+        top = name.split(".")[0]
+        key = top if "." in name else help_group(cls, name, f) if top in own else OWN_GROUP
+        groups.setdefault(key, []).append((name, f, hint))
+    order = [OWN_GROUP, *(k for k in groups if k not in HELP_GROUPS and k != OWN_GROUP), *HELP_GROUPS]
+    return {k: groups[k] for k in order if groups.get(k)}
+
+
+class _HelpAction(argparse.Action):
+    """``--help``: every group; ``--help GROUP``: that group's settings alone."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values is None:
+            parser.print_help()
+            parser.exit()
+        titles = {g.title: g for g in parser._action_groups}
+        group = titles.get(values) or next((g for t, g in titles.items() if t and t.startswith(f"{values}:")), None)
+        if group is None:
+            keys = [t.split(":")[0] for t in titles if t and ":" in t]
+            parser.error(f"--help {values}: no such group; groups: {', '.join(keys)}")
+        formatter = parser._get_formatter()
+        formatter.start_section(group.title)
+        formatter.add_arguments(group._group_actions)
+        formatter.end_section()
+        parser._print_message(formatter.format_help(), sys.stdout)  # as --help prints
+        parser.exit()
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One ``--flag`` per setting (sections' as ``--<section>.<setting>``), in help groups (see
+    ``help_groups``); absent flags stay ``None`` so that lower layers show through. A parser made with
+    ``add_help=False`` gets ``-h/--help [GROUP]``, which shows one group."""
+    grouped = help_groups(cls)
+    if not parser.add_help:
+        parser.add_argument("-h", "--help", nargs="?", metavar="GROUP", action=_HelpAction, default=None,
+                            help=f"show this help, or one group's: {', '.join(grouped)}")
+    parser.add_argument("--config", type=Path, default=None, help="YAML or JSON file of settings")
+    for key, members in grouped.items():
+        title = HELP_GROUPS.get(key, "this command's own settings" if key == OWN_GROUP else f"section {key}")
+        group = parser.add_argument_group(f"{key}: {title}")
+        for name, f, hint in members:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
+            help_text = f"{f.metadata.get('help', '')} [default: {default!r}; env {env_name(name)}]"
+            if base_type(hint) is bool:
+                group.add_argument(flag_name(name), dest=name, default=None,
+                                   action=argparse.BooleanOptionalAction, help=help_text)
+            else:
+                group.add_argument(flag_name(name), dest=name, default=None, help=help_text)
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:

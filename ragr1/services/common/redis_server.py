@@ -69,11 +69,6 @@ class RedisConfig(Listening):
     aof_dir: str = setting("", "keep the append-only file here; empty: a temporary directory, removed on stop")
     password_file: str = setting("", "file holding the password clients must give (AUTH on if set)")
 
-    def validate(self) -> None:
-        super().validate()
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be within [0, 65535], got {self.port}")
-
     def tls(self) -> RedisServerTLS | None:
         if not self.tls_cert_file:
             return None

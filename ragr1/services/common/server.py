@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -59,6 +59,8 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 @dataclasses.dataclass
 class ServerConfig(Listening):
     """Settings every gRPC server has. Services subclass this and add their own."""
+
+    help_group: ClassVar[str] = "server"
 
     if TYPE_CHECKING:
         # Each service's own setting, its default from ports.py: declared here for the server that reads it.

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import redis
 from google.protobuf.message import DecodeError
@@ -172,6 +172,8 @@ def connect(url: str, password_file: str = "", tls: RedisTLS | None = None) -> r
 @dataclasses.dataclass
 class QueueConfig(Validated):
     """The settings of a service that uses the queue (the rollout workers, the trainer)."""
+
+    help_group: ClassVar[str] = "redis"
 
     redis_url: str = setting(ports.REDIS_URL, "Redis of the prompts and rollouts streams (rediss:// for TLS)")
     worker_group: str = setting(WORKERS, "the rollout workers' consumer group on the prompts stream")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragr1.services.common.client import AsyncClient, Client
+from ragr1.services.common.client import AsyncClient, Client, flag, integer, sequence_of, text
 from ragr1.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
 # Rollouts of a batch take minutes on a CPU; weight updates wait for running rollouts.
@@ -23,20 +23,22 @@ INFO_TIMEOUT = 300.0
 def _rollout_request(
     tasks: Sequence[common_pb2.PromptTask], sampling: common_pb2.SamplingParams | None
 ) -> policy_pb2.RolloutRequest:
-    return policy_pb2.RolloutRequest(tasks=list(tasks), sampling=sampling)
+    return policy_pb2.RolloutRequest(tasks=sequence_of("tasks", tasks, common_pb2.PromptTask), sampling=sampling)
 
 
 def _generate_request(
     prompts: Sequence[str], sampling: common_pb2.SamplingParams | None, chat: bool
 ) -> policy_pb2.GenerateRequest:
-    return policy_pb2.GenerateRequest(prompts=list(prompts), sampling=sampling, apply_chat_template=chat)
+    return policy_pb2.GenerateRequest(
+        prompts=sequence_of("prompts", prompts, str), sampling=sampling, apply_chat_template=flag("chat", chat)
+    )
 
 
 def _update_request(version: int, checkpoint_path: str, in_flight: int) -> policy_pb2.UpdateWeightsRequest:
     return policy_pb2.UpdateWeightsRequest(
-        version=version,
-        checkpoint_path=checkpoint_path,
-        in_flight=in_flight,  # type: ignore[arg-type]
+        version=integer("version", version),
+        checkpoint_path=text("checkpoint_path", checkpoint_path),
+        in_flight=integer("in_flight", in_flight),  # type: ignore[arg-type]
     )
 
 
@@ -50,7 +52,7 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
         sampling: common_pb2.SamplingParams | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.Rollout]:
-        return list(self._call("Rollout", _rollout_request(tasks, sampling), timeout).rollouts)
+        return list(self._call("Rollout", lambda: _rollout_request(tasks, sampling), timeout).rollouts)
 
     def generate(
         self,
@@ -60,7 +62,7 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
         chat: bool = True,
         timeout: float | None = None,
     ) -> policy_pb2.GenerateResponse:
-        return self._call("Generate", _generate_request(prompts, sampling, chat), timeout)
+        return self._call("Generate", lambda: _generate_request(prompts, sampling, chat), timeout)
 
     def update_weights(
         self,
@@ -69,7 +71,7 @@ class PolicyClient(Client[policy_pb2_grpc.PolicyStub]):
         in_flight: int = policy_pb2.IN_FLIGHT_POLICY_UNSPECIFIED,
         timeout: float | None = None,
     ) -> policy_pb2.UpdateWeightsResponse:
-        return self._call("UpdateWeights", _update_request(version, checkpoint_path, in_flight), timeout)
+        return self._call("UpdateWeights", lambda: _update_request(version, checkpoint_path, in_flight), timeout)
 
     def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
         return self._call("GetWeightVersion", policy_pb2.GetWeightVersionRequest(), timeout)
@@ -88,7 +90,7 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
         sampling: common_pb2.SamplingParams | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.Rollout]:
-        return list((await self._call("Rollout", _rollout_request(tasks, sampling), timeout)).rollouts)
+        return list((await self._call("Rollout", lambda: _rollout_request(tasks, sampling), timeout)).rollouts)
 
     async def generate(
         self,
@@ -98,7 +100,7 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
         chat: bool = True,
         timeout: float | None = None,
     ) -> policy_pb2.GenerateResponse:
-        return await self._call("Generate", _generate_request(prompts, sampling, chat), timeout)
+        return await self._call("Generate", lambda: _generate_request(prompts, sampling, chat), timeout)
 
     async def update_weights(
         self,
@@ -107,7 +109,7 @@ class AsyncPolicyClient(AsyncClient[policy_pb2_grpc.PolicyStub]):
         in_flight: int = policy_pb2.IN_FLIGHT_POLICY_UNSPECIFIED,
         timeout: float | None = None,
     ) -> policy_pb2.UpdateWeightsResponse:
-        return await self._call("UpdateWeights", _update_request(version, checkpoint_path, in_flight), timeout)
+        return await self._call("UpdateWeights", lambda: _update_request(version, checkpoint_path, in_flight), timeout)
 
     async def weight_version(self, timeout: float = VERSION_TIMEOUT) -> policy_pb2.GetWeightVersionResponse:
         return await self._call("GetWeightVersion", policy_pb2.GetWeightVersionRequest(), timeout)

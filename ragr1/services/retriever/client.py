@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragr1.services.common.client import AsyncClient, Client, service_name
+from ragr1.services.common.client import AsyncClient, Client, flag, integer, integers, sequence_of, service_name
 from ragr1.v1 import retriever_pb2, retriever_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -29,11 +29,11 @@ def _search_request(
     queries: Sequence[str], top_k: int, groups: Sequence[int], dedup_within_group: bool, omit_text: bool
 ) -> retriever_pb2.SearchRequest:
     return retriever_pb2.SearchRequest(
-        queries=list(queries),
-        top_k=top_k,
-        groups=list(groups),
-        dedup_within_group=dedup_within_group,
-        omit_text=omit_text,
+        queries=sequence_of("queries", queries, str),
+        top_k=integer("top_k", top_k),
+        groups=integers("groups", groups),
+        dedup_within_group=flag("dedup_within_group", dedup_within_group),
+        omit_text=flag("omit_text", omit_text),
     )
 
 
@@ -53,8 +53,9 @@ class RetrieverClient(Client[retriever_pb2_grpc.RetrieverStub]):
     ) -> retriever_pb2.SearchResponse:
         """The ``top_k`` passages of every query, in order (``groups``: one group id per query; with
         ``dedup_within_group`` a passage appears once per group)."""
-        request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return self._call("Search", request, timeout)
+        return self._call(
+            "Search", lambda: _search_request(queries, top_k, groups, dedup_within_group, omit_text), timeout
+        )
 
     def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
         return self._call("Info", retriever_pb2.InfoRequest(), timeout)
@@ -80,8 +81,9 @@ class AsyncRetrieverClient(AsyncClient[retriever_pb2_grpc.RetrieverStub]):
         timeout: float | None = None,
     ) -> retriever_pb2.SearchResponse:
         """See ``RetrieverClient.search``."""
-        request = _search_request(queries, top_k, groups, dedup_within_group, omit_text)
-        return await self._call("Search", request, timeout)
+        return await self._call(
+            "Search", lambda: _search_request(queries, top_k, groups, dedup_within_group, omit_text), timeout
+        )
 
     async def info(self, timeout: float | None = None) -> retriever_pb2.InfoResponse:
         return await self._call("Info", retriever_pb2.InfoRequest(), timeout)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import grpc
 
 from ragr1.errors import ServiceCallError
-from ragr1.services.common.client import AsyncClient, Client
+from ragr1.services.common.client import AsyncClient, Client, sequence_of
 from ragr1.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
 DEFAULT_TIMEOUT = 30.0
@@ -29,6 +29,10 @@ def _scores(client: RewardClient | AsyncRewardClient, reply: reward_pb2.ScoreRes
     return list(reply.scores)
 
 
+def _score_request(items: Sequence[reward_pb2.ScoreItem]) -> reward_pb2.ScoreRequest:
+    return reward_pb2.ScoreRequest(items=sequence_of("items", items, reward_pb2.ScoreItem))
+
+
 class RewardClient(Client[reward_pb2_grpc.RewardStub]):
     stub_type = reward_pb2_grpc.RewardStub
     default_timeout = DEFAULT_TIMEOUT
@@ -37,7 +41,7 @@ class RewardClient(Client[reward_pb2_grpc.RewardStub]):
         self, items: Sequence[reward_pb2.ScoreItem], timeout: float | None = None
     ) -> list[common_pb2.RewardParts]:
         """One RewardParts per item, in order."""
-        return _scores(self, self._call("Score", reward_pb2.ScoreRequest(items=items), timeout), len(items))
+        return _scores(self, self._call("Score", lambda: _score_request(items), timeout), len(items))
 
 
 class AsyncRewardClient(AsyncClient[reward_pb2_grpc.RewardStub]):
@@ -48,4 +52,4 @@ class AsyncRewardClient(AsyncClient[reward_pb2_grpc.RewardStub]):
         self, items: Sequence[reward_pb2.ScoreItem], timeout: float | None = None
     ) -> list[common_pb2.RewardParts]:
         """One RewardParts per item, in order."""
-        return _scores(self, await self._call("Score", reward_pb2.ScoreRequest(items=items), timeout), len(items))
+        return _scores(self, await self._call("Score", lambda: _score_request(items), timeout), len(items))

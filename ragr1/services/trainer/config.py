@@ -5,7 +5,7 @@ entropy 0.001, γ = λ = 1); the policy's loop settings (max 4 turns, top-k 3) l
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from ragr1.protocol.prompts import Mode
 from ragr1.services.common import ports
@@ -23,6 +23,8 @@ SHARDINGS = ("fsdp", "replicate")
 
 @dataclasses.dataclass
 class ModelSettings(Validated):
+    help_group: ClassVar[str] = "model"
+
     model: str = setting("", "starting checkpoint (Hugging Face dir); empty: SmolLM2-135M-Instruct from its package")
     lora_alpha: int = setting(32, "LoRA alpha (scale = alpha / rank)")
     bf16: bool | None = setting(
