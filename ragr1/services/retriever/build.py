@@ -26,7 +26,7 @@ from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings, copy_export, ensure_export
 from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
-from ragr1.shipped import cache_dir
+from ragr1.shipped import cache_dir, cache_lock
 
 EMBEDDINGS_META = "embeddings.json"
 DEFAULT_CHUNK_SIZE = 1024
@@ -66,8 +66,22 @@ def embed_store(
     encoder_factory: Callable[[EncoderSettings], Encoder] = Encoder,
     progress: bool = True,
 ) -> EmbeddingChunks:
-    """Embeds the passages of the chunks not on disk yet; returns all chunks."""
+    """Embeds the passages of the chunks not on disk yet; returns all chunks. Builds that share the
+    directory and run at once take turns (the later ones find the chunks done): two writers of one chunk
+    would share its temporary file."""
     directory = Path(directory)
+    with cache_lock(directory):
+        return _embed_missing(store, settings, directory, chunk_size, encoder_factory, progress)
+
+
+def _embed_missing(
+    store: PassageStore,
+    settings: EncoderSettings,
+    directory: Path,
+    chunk_size: int,
+    encoder_factory: Callable[[EncoderSettings], Encoder],
+    progress: bool,
+) -> EmbeddingChunks:
     _check_embeddings_dir(directory, store, settings)
     chunks = [(s, min(s + chunk_size, len(store))) for s in range(0, len(store), chunk_size)]
     todo = [c for c in chunks if not _chunk_path(directory, *c).exists()]
