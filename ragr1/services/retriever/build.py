@@ -70,20 +70,24 @@ def embed_store(
     directory and run at once take turns (the later ones find the chunks done): two writers of one chunk
     would share its temporary file."""
     directory = Path(directory)
+    chunks = [(s, min(s + chunk_size, len(store))) for s in range(0, len(store), chunk_size)]
+    if (directory / EMBEDDINGS_META).exists() and all(_chunk_path(directory, *c).exists() for c in chunks):
+        # All there: no lock, so that finished embeddings can be read from where this process cannot write.
+        _check_embeddings_dir(directory, store, settings)
+        return EmbeddingChunks(directory, chunks)
     with cache_lock(directory):
-        return _embed_missing(store, settings, directory, chunk_size, encoder_factory, progress)
+        return _embed_missing(store, settings, directory, chunks, encoder_factory, progress)
 
 
 def _embed_missing(
     store: PassageStore,
     settings: EncoderSettings,
     directory: Path,
-    chunk_size: int,
+    chunks: list[tuple[int, int]],
     encoder_factory: Callable[[EncoderSettings], Encoder],
     progress: bool,
 ) -> EmbeddingChunks:
     _check_embeddings_dir(directory, store, settings)
-    chunks = [(s, min(s + chunk_size, len(store))) for s in range(0, len(store), chunk_size)]
     todo = [c for c in chunks if not _chunk_path(directory, *c).exists()]
     encoder: Encoder | None = None
     with tqdm(
