@@ -32,43 +32,30 @@ if _WORKER.startswith("gw"):
     _all = _redis_server._PORTS
     _redis_server._PORTS = range(_all.start + int(_WORKER[2:]), _all.stop, _count)
 
-# Modules that share a session fixture that is slow to start run on one worker (`--dist loadgroup`), which
-# starts it once; every other module is its own group, so that its module fixtures start once too.
-SHARED_FIXTURE_GROUPS = {
-    # The reward and retriever services of tests/policy/conftest.py.
-    "tests/policy/test_integration.py": "policy-services",
-    "tests/policy/test_worker.py": "policy-services",
-    "tests/policy/test_retrieval.py": "policy-services",
-}
-# Groups handed out first (longest first), so that the longest ones do not start last and leave one worker
-# running alone at the end: see docs/results for the suite's profile these come from.
-LONG_GROUPS = (
-    "policy-services",
+# `make test` hands out whole modules (`--dist loadfile`), so a module's fixtures start on one worker only.
+# (xdist 3.8's `--dist loadgroup` would group modules further, but it marks groups by rewriting the nodeid,
+# which pytest 9 no longer reads back: it falls back to one test at a time, every module fixture per worker.)
+# Modules handed out first, longest first, so that none of them starts last and leaves one worker running
+# alone at the end (the profile on docs/results/2026-11-26-test-suite-time.md).
+LONG_MODULES = (
+    "tests/policy/test_integration.py",
     "tests/trainer/test_engine_sync.py",
     "tests/trainer/test_ray_train.py",
     "tests/trainer/test_learning.py",
+    "tests/trainer/test_health.py",
 )
 
 
-def _group(item: pytest.Item) -> str:
-    mark = item.get_closest_marker("xdist_group")
-    if mark is not None:
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    path = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
-    return SHARED_FIXTURE_GROUPS.get(path, path)
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # tryfirst: xdist reads the marks in its own hook of the same name.
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
     if _WORKER:
-        # Every worker collects and must find the same order (a stable sort of a fixed ranking); the
-        # scheduler hands groups out in this order under --no-loadscope-reorder.
-        rank = {name: i for i, name in enumerate(LONG_GROUPS)}
-        items.sort(key=lambda item: rank.get(_group(item), len(rank)))
+        # Every worker collects and must find the same order (a stable sort of a fixed ranking, modules kept
+        # whole); the scheduler hands modules out in this order under --no-loadscope-reorder.
+        rank = {name: i for i, name in enumerate(LONG_MODULES)}
+        items.sort(key=lambda item: rank.get(_module(item), len(rank)))
 
 
 @pytest.fixture(scope="session")
