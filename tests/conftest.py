@@ -38,11 +38,12 @@ if _WORKER.startswith("gw"):
 # Modules handed out first, longest first, so that none of them starts last and leaves one worker running
 # alone at the end (the profile on docs/results/2026-11-26-test-suite-time.md).
 LONG_MODULES = (
-    "tests/policy/test_integration.py",
-    "tests/trainer/test_engine_sync.py",
-    "tests/trainer/test_ray_train.py",
     "tests/trainer/test_learning.py",
-    "tests/trainer/test_health.py",
+    "tests/trainer/test_engine_sync.py",
+    "tests/policy/test_integration.py",
+    "tests/trainer/test_ray_train.py",
+    "tests/test_lint.py",
+    "tests/trainer/test_loop.py",
 )
 
 
