@@ -174,7 +174,9 @@ def write_flat(path: Path, dim: int, metric: str, ntotal: int, chunks: Iterator[
     with open(path, "wb") as handle:
         handle.write(flat_header(dim, ntotal, metric))
         for chunk in chunks:
-            handle.write(np.ascontiguousarray(chunk, dtype="<f4").tobytes())
+            # A view, not tobytes(): a copy would double the one chunk the import holds.
+            handle.write(np.ascontiguousarray(chunk, dtype="<f4").data)
             written += len(chunk)
+            del chunk  # before the next one is read, or two chunks are held at once
     if written != ntotal:
         raise ValueError(f"{path}: wrote {written} vectors, expected {ntotal}")

@@ -36,7 +36,7 @@ from ragr1.services.retriever.faiss_file import SourceParts, write_flat
 from ragr1.services.retriever.index import IndexSpec
 from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
 
-DEFAULT_CHUNK_ROWS = 65536
+DEFAULT_CHUNK_ROWS = 32768
 IMPORT_FILE = "import.json"
 STORE_DIR = "store"
 
