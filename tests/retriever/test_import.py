@@ -203,3 +203,27 @@ def test_the_family_is_taken_from_the_name_as_search_r1_does() -> None:
     assert family_settings("BAAI/bge-large-en-v1.5", pooling="mean").pooling == "mean"
     with pytest.raises(ValueError, match="encoder family must be one of"):
         family_settings("m", "colbert")
+
+
+def test_the_command_imports_parts_and_refuses_in_one_line(tmp_path: Path) -> None:
+    from tests.test_cli_errors import one_line_error, ragr1
+
+    x = np.random.default_rng(0).random((5, 8), dtype=np.float32)
+    for name, rows in (("a.index", x[:2]), ("b.index", x[2:])):
+        part = faiss.IndexFlatIP(8)
+        part.add(rows)
+        faiss.write_index(part, str(tmp_path / name))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"T{i}"\ntext {i}'}) + "\n" for i in range(5)))
+    common = ["index", "import", "--input", f"{tmp_path / 'a.index'},{tmp_path / 'b.index'}",
+              "--encoder", "intfloat/e5-base-v2"]
+    done = ragr1(*common, "--corpus", str(corpus), "--out", str(tmp_path / "ok"), "--num-shards", "2", cwd=tmp_path)
+    assert done.returncode == 0 and "index imported" in done.stdout, done.stderr
+    m = LoadedManifest(tmp_path / "ok").manifest
+    assert [(s.start, s.end) for s in m.shards] == [(0, 2), (2, 5)] and m.encoder.query_prefix == "query: "
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(corpus.read_text().splitlines(keepends=True)[:4]))
+    one_line_error(ragr1(*common, "--corpus", str(short), "--out", str(tmp_path / "no"), cwd=tmp_path),
+                   "ragr1 index import", "holds 5 vectors", "4 passages")
+    one_line_error(ragr1(*common, "--out", str(tmp_path / "no"), cwd=tmp_path),
+                   "ragr1 index import", "give exactly one of corpus")
