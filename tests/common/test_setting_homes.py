@@ -30,16 +30,21 @@ DISTINCT = {
     "gradient_checkpointing": "off for SFT's short sequences, on for PPO's long rollouts",
     "max_batch_rows": "the router's encoder batches, a shard's search batches",
     "max_wait_ms": "the router's encoder batching, a shard's search batching",
-    "encoder_backend": "the backend an index is built with; the router's, empty: the index's",
+    "encoder_backend": "the backend an index is built with (an import: torch, as their server); the router's, empty: "
+    "the index's",
     "gpu": "FAISS on GPUs to build an index, to serve a shard",
-    "encoder": "the encoder an index is built with; the one `index plan` sizes (the papers')",
+    "encoder": "the encoder an index is built with; the one `index plan` sizes (the papers'); an imported "
+    "index's (required: no default can be right)",
     "nlist": "a build's inverted lists; those of the Wikipedia-sized index `index plan` sizes",
-    "store": "the store an index is built from (required); the one `index plan` measures recall on (optional)",
+    "store": "the store an index is built from (required); the one `index plan` measures recall on (optional); "
+    "an import's, instead of its corpus",
     "index_type": "one index type to build (the stack's too); the list `index plan` sizes",
     "num_shards": "shard files of a build; the stack's shard processes (two, so that searches fan out)",
     "max_passage_tokens": "the stack indexes shorter passages than the encoder's preset, to build in minutes",
     "max_query_chars": "the policy cuts its queries to this length; the router refuses longer ones",
     "run_dir": "`ragr1 scale` names the folder of a running stack; the stack's own says where to write one",
+    "input": "the corpus files `corpus ingest` reads; the FAISS files `index import` splits",
+    "ef_search": "a build's HNSW search beam; an import keeps the source index's unless set",
     "policy_replicas": "`ragr1 scale` has no default: a forgotten flag must not scale a running stack down to 1",
 }
 

@@ -25,6 +25,8 @@ def configure_logging(level: str) -> None:
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # FAISS logs each CPU-feature build it tries and fails to load, as INFO: noise around a command's output.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 
 def command(

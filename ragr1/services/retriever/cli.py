@@ -1,4 +1,5 @@
-"""The retriever's commands: ``ragr1 corpus ingest``, ``ragr1 index build``, ``ragr1 index plan``,
+"""The retriever's commands: ``ragr1 corpus ingest``, ``ragr1 index build``, ``ragr1 index import``,
+``ragr1 index plan``,
 ``ragr1 serve retriever-shard`` and ``ragr1 serve retriever``."""
 
 from __future__ import annotations
@@ -8,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.services.common.commands import command, service
-from ragr1.services.retriever.config import BuildConfig, IngestConfig, PlanConfig, RouterConfig, ShardConfig
+from ragr1.services.retriever.config import (
+    BuildConfig,
+    ImportConfig,
+    IngestConfig,
+    PlanConfig,
+    RouterConfig,
+    ShardConfig,
+)
 
 
 def _ingest(config: IngestConfig) -> int:
@@ -38,6 +46,27 @@ def _build(config: BuildConfig) -> int:
         chunk_size=config.chunk_size,
     )
     print(f"index written; manifest {path}")
+    return 0
+
+
+def _import(config: ImportConfig) -> int:
+    from ragr1.services.retriever.corpus import PassageStore
+    from ragr1.services.retriever.importer import import_index
+
+    path = import_index(
+        [Path(p) for p in config.input],
+        Path(config.out),
+        config.encoder_settings(),
+        num_shards=config.num_shards,
+        store=PassageStore(Path(config.store)) if config.store else None,
+        corpus=[Path(p) for p in config.corpus],
+        corpus_format=config.corpus_format,
+        words=config.words,
+        chunk_rows=config.chunk_rows,
+        ef_search=config.ef_search,
+        progress=sys.stderr.isatty(),
+    )
+    print(f"index imported; manifest {path}")
     return 0
 
 
@@ -98,6 +127,10 @@ def register(commands: Any, serve: Any) -> None:
     command(
         index, "build", BuildConfig, _build,
         help="embed a passage store (resumable) and build N shards + manifest",
+    )
+    command(
+        index, "import", ImportConfig, _import,
+        help="an existing FAISS index (Search-R1, RAG-R1) + its corpus -> N shards + manifest, no embedding",
     )
     command(
         index, "plan", PlanConfig, _plan,

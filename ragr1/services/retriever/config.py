@@ -19,6 +19,8 @@ from ragr1.services.retriever.encoder import (
     EncoderSettings,
     preset,
 )
+from ragr1.services.retriever.families import FAMILIES, SEARCH_R1_QUERY_TOKENS
+from ragr1.services.retriever.importer import DEFAULT_CHUNK_ROWS
 from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexSpec
 
 CHECKSUM_MODES = ("start", "background", "off")
@@ -112,6 +114,63 @@ class BuildConfig(Validated):
 
     def encoder_settings(self) -> EncoderSettings:
         return _encoder_settings(self.encoder, self.encoder_backend, self.max_passage_tokens)
+
+
+@dataclasses.dataclass
+class ImportConfig(Validated):
+    """``ragr1 index import``."""
+
+    input: list[str] = setting(
+        list, "FAISS index file(s), flat (IP or L2) or HNSW-flat; several: parts whose rows continue in order "
+        "(comma-separated)", factory=True,
+    )
+    corpus: list[str] = setting(
+        list, "corpus files whose line i is row i of the index (Search-R1's wiki-18.jsonl; comma-separated)",
+        factory=True,
+    )
+    corpus_format: str = same_as(IngestConfig, "format")
+    words: int = same_as(IngestConfig, "words")
+    store: str = setting("", "an existing passage store instead of --corpus")
+    out: str = setting("", "index directory (required)")
+    num_shards: int = same_as(BuildConfig, "num_shards")
+    encoder: str = setting("", "the model the index was built with, e.g. intfloat/e5-base-v2 (required)")
+    encoder_family: str = setting(
+        "auto", f"how queries are encoded: {', '.join(FAMILIES)} (auto: from the name, as Search-R1 does)"
+    )
+    pooling: str = setting("", "override the family's pooling: mean or cls; empty keeps it")
+    max_query_tokens: int = setting(SEARCH_R1_QUERY_TOKENS, "longest query in tokens (Search-R1's server: 256)")
+    encoder_backend: str = setting(
+        "torch", "torch (float32, as their server), onnx or onnx-int8 (an export kept beside the index)"
+    )
+    ef_search: int = setting(0, "hnsw: search beam of the shards; 0 keeps the source index's")
+    chunk_rows: int = setting(DEFAULT_CHUNK_ROWS, "vectors copied per read: the memory an import of a flat index needs")
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.input:
+            raise ValueError("input is required: the FAISS index file(s)")
+        if bool(self.corpus) == bool(self.store):
+            raise ValueError("give exactly one of corpus (JSONL or KILT files) and store (a passage store)")
+        if not self.out:
+            raise ValueError("out is required: the directory the index is written to")
+        if not self.encoder:
+            raise ValueError("encoder is required: the model the index was built with (e.g. intfloat/e5-base-v2)")
+        check_choice("corpus_format", self.corpus_format, CORPUS_FORMATS)
+        check_choice("encoder_family", self.encoder_family, FAMILIES)
+        if self.pooling:
+            check_choice("pooling", self.pooling, ("mean", "cls"))
+        check_choice("encoder_backend", self.encoder_backend, BACKENDS)
+        check_at_least(self, (
+            ("words", 1), ("num_shards", 1), ("max_query_tokens", 1), ("ef_search", 0), ("chunk_rows", 1),
+        ))
+
+    def encoder_settings(self) -> EncoderSettings:
+        from ragr1.services.retriever.families import family_settings
+
+        return family_settings(
+            self.encoder, self.encoder_family, pooling=self.pooling, max_query_tokens=self.max_query_tokens,
+            backend=self.encoder_backend,
+        )
 
 
 @dataclasses.dataclass

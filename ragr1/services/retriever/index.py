@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 INDEX_TYPES = ("flat", "ivfpq", "hnsw")
+# Built indexes are inner product; imported ones keep their metric (L2: lower scores are better).
+METRICS = ("ip", "l2")
 GPU_MODES = ("auto", "never", "always")
 
 
@@ -27,10 +29,13 @@ class IndexSpec:
     # HNSW: neighbours per node, and the search-time beam width.
     hnsw_m: int = 32
     ef_search: int = 128
+    metric: str = "ip"
 
     def __post_init__(self) -> None:
         if self.index_type not in INDEX_TYPES:
             raise ValueError(f"index type must be one of {INDEX_TYPES}, got {self.index_type!r}")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
 
 
 def use_gpu(mode: str, num_gpus: int) -> bool:

@@ -15,8 +15,11 @@ class Hit(Passage):
     shard: int = 0
 
 
-def merge_top_k(per_shard: Sequence[Sequence[Sequence[Hit]]], k: int) -> list[list[Hit]]:
+def merge_top_k(
+    per_shard: Sequence[Sequence[Sequence[Hit]]], k: int, lower_is_better: bool = False
+) -> list[list[Hit]]:
     """``per_shard[s][q]`` is shard ``s``'s best-first list for query ``q``: the best ``k`` over shards.
+    ``lower_is_better``: scores are distances (an L2 index), not similarities.
 
     The sort is stable over shards in row order, so equal scores come out lowest row first, as one
     unsharded flat index orders them.
@@ -27,12 +30,14 @@ def merge_top_k(per_shard: Sequence[Sequence[Sequence[Hit]]], k: int) -> list[li
     merged = []
     for q in range(num_queries):
         candidates = [hit for shard in per_shard for hit in shard[q]]
-        candidates.sort(key=lambda h: -h.score)
+        candidates.sort(key=lambda h: h.score if lower_is_better else -h.score)
         merged.append(candidates[:k])
     return merged
 
 
-def dedup_within_groups(results: Sequence[Sequence[Hit]], groups: Sequence[int], k: int) -> list[list[Hit]]:
+def dedup_within_groups(
+    results: Sequence[Sequence[Hit]], groups: Sequence[int], k: int, lower_is_better: bool = False
+) -> list[list[Hit]]:
     """No passage twice among the queries of one group; each query keeps up to ``k`` hits.
 
     Hits of a group are dealt out best score first: a passage goes to the query that scores it
@@ -43,7 +48,7 @@ def dedup_within_groups(results: Sequence[Sequence[Hit]], groups: Sequence[int],
     taken: set[tuple[int, str]] = set()
     ranked = sorted(
         ((hit.score, q, rank) for q, hits in enumerate(results) for rank, hit in enumerate(hits)),
-        key=lambda t: (-t[0], t[1], t[2]),
+        key=lambda t: (t[0] if lower_is_better else -t[0], t[1], t[2]),
     )
     for _, q, rank in ranked:
         hit = results[q][rank]

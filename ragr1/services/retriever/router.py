@@ -118,6 +118,7 @@ class Router:
         embed_workers: int = 1,
         embed_split_when_idle: bool = False,
         query_cache_size: int = 0,
+        lower_is_better: bool = False,
     ) -> None:
         if on_shard_failure not in FAILURE_MODES:
             raise ValueError(f"on_shard_failure must be one of {FAILURE_MODES}, got {on_shard_failure!r}")
@@ -127,6 +128,8 @@ class Router:
         self.shards = list(shards)
         self.limits = limits or SearchLimits()
         self.on_shard_failure = on_shard_failure
+        # An imported L2 index scores by distance: its shards' lists merge smallest first.
+        self.lower_is_better = lower_is_better
         self.default_timeout_s = default_timeout_s
         # Share of the caller's deadline kept back to merge and send the answer after the shards'
         # deadline, not a fixed time: on a busy host a partial answer (one shard paused) must still reach
@@ -234,8 +237,12 @@ class Router:
             reasons = "; ".join(f"shard {i}: {answers[i]}" for i in missing)
             raise Unavailable(f"{len(missing)} of {len(self.shards)} shards did not answer ({reasons})")
         answered = [a for a in answers if not isinstance(a, str)]
-        merged = merge_top_k(answered, fetch)
-        results = dedup_within_groups(merged, group_ids, top_k) if dedup else [m[:top_k] for m in merged]
+        merged = merge_top_k(answered, fetch, self.lower_is_better)
+        results = (
+            dedup_within_groups(merged, group_ids, top_k, self.lower_is_better)
+            if dedup
+            else [m[:top_k] for m in merged]
+        )
         if missing:
             metrics.PARTIAL_RESPONSES.inc()
         metrics.STAGE_SECONDS.labels("merge").observe(time.perf_counter() - fanned_out)

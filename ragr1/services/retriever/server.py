@@ -159,6 +159,7 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
         embed_workers=config.encoder_workers,
         embed_split_when_idle=config.encoder_split_when_idle,
         query_cache_size=config.query_cache_size,
+        lower_is_better=m.index.metric == "l2",
     )
     await router.embed(["warm-up"])
     info = retriever_pb2.InfoResponse(
