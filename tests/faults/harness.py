@@ -136,7 +136,9 @@ class Chaos:
         latest = Checkpointer(self.s.run_dir / "trainer" / "checkpoints").latest()
         return int(latest[1]["version"]) if latest else 0
 
-    def pending(self, consumer: str) -> list[str]:
+    def pending(self, consumer: str, fresh_ms: int = 0) -> list[str]:
+        """The prompts ``consumer`` holds; with ``fresh_ms``, none unless it took every one of them within that
+        many milliseconds."""
         assert self.s.redis is not None
         client: Any = self.s.redis.client()
         try:
@@ -145,6 +147,8 @@ class Chaos:
             return []
         finally:
             client.close()
+        if fresh_ms and any(row["time_since_delivered"] > fresh_ms for row in rows):
+            return []
         return [row["message_id"].decode() for row in rows]
 
     def step(self) -> None:
@@ -251,7 +255,9 @@ class Chaos:
         what it handed back is taken over by the other (acknowledged, or pending under it)."""
         if not fault.detail:
             worker = self.proc("policy-1")
-            held = self.pending("policy-1")
+            # Prompts it took a moment ago: the other replica reclaims those idle for RECLAIM_MS, which a batch
+            # on this machine can outlast, and the scale-down must find them still its own.
+            held = self.pending("policy-1", fresh_ms=2000)
             if not held or not worker.alive() or worker.process is None:
                 return
             engine = engine_processes() & descendants(worker.process.pid)
