@@ -158,7 +158,7 @@ def main() -> None:
     model_dir = prepare_policy_model()
     tokenizer = PolicyModel(model_dir).tokenizer
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
-    if len(variants) < len(VARIANTS):
+    if len(variants) < len(chosen):
         print("no native bfloat16 on this CPU: the bf16 rows are left out (--emulated-bf16 times them)")
     items = data.load_supported_questions(train_path("hotpotqa"), limit=args.sequences // 2)
     information = InformationFormat(tokenizer, TOKENS_PER_QUERY)  # type: ignore[arg-type]
