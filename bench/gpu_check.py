@@ -39,7 +39,7 @@ TIME_LIMIT = 450
 # From a child's start to its first report (importing torch and reading the device), and between sections.
 STARTUP_SECONDS = 90
 POLL_SECONDS = 0.2
-COLUMNS = ("section", "case", "status", "throughput", "s/step", "peak GPU GiB", "held GiB", "vs", "notes")
+COLUMNS = ("section", "case", "status", "throughput", "s/step", "peak GPU GiB", "held GiB", "vs", "MFU", "notes")
 
 
 def now() -> str:
@@ -134,27 +134,30 @@ def number(value: float) -> str:
 
 
 def cells_of(row: dict[str, Any]) -> list[str]:
-    """throughput, s/step, peak GiB, held GiB, vs, notes."""
+    """throughput, s/step, peak GiB, held GiB, vs, MFU (blank where the card's peak is unknown), notes."""
     if row["status"] != "ok":
-        return ["", "", "", "", "", row.get("reason", "")]
+        return ["", "", "", "", "", "", row.get("reason", "")]
 
     def gib(key: str) -> str:
         return "" if row.get(key) is None else f"{row[key]:.1f}"
 
     vs = f"{row['vs']:.2f}x {row['vs_what']}" if row.get("vs") is not None else ""
+    utilisation = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else ""
     return [f"{number(row['rate'])} {row['unit']}", f"{row['seconds']:.3g}", gib("peak_gib"), gib("state_gib"), vs,
-            row.get("note", "")]
+            utilisation, row.get("note", "")]
 
 
 def describe(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return row.get("reason", "")
-    throughput, seconds, peak, _held, vs, _note = cells_of(row)
+    throughput, seconds, peak, _held, vs, utilisation, _note = cells_of(row)
     parts = [throughput, f"{seconds} s a step"]
     if peak:
         parts.append(f"peak {peak} GiB")
     if vs:
         parts.append(vs)
+    if utilisation:
+        parts.append(f"MFU {utilisation}")
     return ", ".join(parts)
 
 

@@ -47,6 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import mfu  # noqa: E402  (after the path: this file runs as a script)
+
 GIB = 2**30
 SECTIONS = ("trainer", "fsdp", "rollout", "retriever")
 # A section starts no new measurement after this share of its budget: the last one started has the rest.
@@ -209,6 +211,14 @@ class Context:
             self._models[name] = write_model(name, Path(tempfile.mkdtemp(prefix=name, dir=self.workdir)), self.device)
         return self._models[name]
 
+    def gpu_name(self) -> str | None:
+        """The card's name as torch reports it (None on the CPU): it keys the bf16 peak (``bench/mfu.py``)."""
+        if not self.cuda:
+            return None
+        import torch
+
+        return str(torch.cuda.get_device_name(self.device))
+
     def sync(self) -> None:
         if self.cuda:
             import torch
@@ -334,7 +344,19 @@ def sft_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
     sequences = token_sequences(s, ARCHS[arch].vocab)
     result = measure(ctx, lambda: trainer.step(sequences))
     result.pop("first")
-    return result
+    per_token = mfu.sft_flops_per_token(
+        parameters(trainer.model.base()), lora=lora_rank > 0, checkpointing=config.gradient_checkpointing
+    )
+    return {**result, **utilisation(ctx, result["rate"], per_token)}
+
+
+def parameters(model: Any) -> float:
+    """The architecture's parameters (LoRA adapters left out; tied embeddings counted once, as the head)."""
+    return float(sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name))
+
+
+def utilisation(ctx: Context, rate: float, flops_per_token: float) -> dict[str, Any]:
+    return {"flops_per_token": flops_per_token, "mfu": mfu.mfu(rate, flops_per_token, mfu.peak_bf16(ctx.gpu_name()))}
 
 
 def ppo_settings(ctx: Context, lora_rank: int) -> Any:
@@ -350,16 +372,29 @@ def ppo_settings(ctx: Context, lora_rank: int) -> Any:
 def ppo_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
     from ragr1.services.trainer.updater import PPOUpdater
 
-    updater = PPOUpdater.build(ppo_settings(ctx, lora_rank), ctx.model_dir(arch))
+    settings = ppo_settings(ctx, lora_rank)
+    updater = PPOUpdater.build(settings, ctx.model_dir(arch))
     samples = ppo_samples(ctx.sizes, ARCHS[arch].vocab)
     result = measure(ctx, lambda: updater.update(samples))
     result.pop("first")
-    return result
+    per_token = mfu.ppo_flops_per_token(
+        parameters(updater.actor.base()), lora=lora_rank > 0, checkpointing=settings.gradient_checkpointing,
+        critic=updater.critic is not None, reference=settings.kl_coef > 0, epochs=settings.ppo_epochs,
+    )
+    return {**result, **utilisation(ctx, result["rate"], per_token)}
+
+
+def beside_sft(ppo: dict[str, Any], sft: dict[str, Any] | None) -> dict[str, Any]:
+    """A PPO row with its tokens/s as a share of the SFT step's on the same model and sequences."""
+    if sft is None or sft.get("status") != "ok" or ppo.get("status") != "ok":
+        return ppo
+    return {**ppo, "vs": ppo["rate"] / sft["rate"], "vs_what": "SFT step"}
 
 
 def trainer_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, Any]]:
     s = ctx.sizes
     shape = f"{s.sequences} seq x {s.prompt_tokens + s.response_tokens} tok, bf16, checkpointing"
+    sft: dict[tuple[str, int], dict[str, Any]] = {}
     for arch in s.trainer_archs:
         for stage, case_fn in (("SFT", sft_case), ("PPO", ppo_case)):
             for lora_rank in (16, 0):
@@ -371,7 +406,12 @@ def trainer_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, An
                 ):
                     return {**fn(ctx, a, r), "note": shape + ("; critic + KL reference" if fn is ppo_case else "")}
 
-                yield attempt(ctx, "trainer", case, soft_deadline, run)
+                result = attempt(ctx, "trainer", case, soft_deadline, run)
+                if stage == "SFT":
+                    sft[arch, lora_rank] = result
+                else:
+                    result = beside_sft(result, sft.get((arch, lora_rank)))
+                yield result
 
 
 # -- FSDP ----------------------------------------------------------------------------------------------

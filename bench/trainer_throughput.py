@@ -6,6 +6,10 @@ the PPO update alone (against the whole loop step: feed prompts, read rollouts, 
 acknowledge).
 
     python bench/trainer_throughput.py [--sequences 4] [--response-tokens 128] [--steps 1]
+                                       [--variants "bf16 full,fp32 full"] [--no-queue]
+
+Each variant's PPO update is also printed as a share of its SFT step's tokens/s (PPO/SFT): an update
+costs about 22/8 of a step's FLOPs per token (bench/mfu.py), so about 0.36 is what the arithmetic allows.
 """
 
 from __future__ import annotations
@@ -137,17 +141,24 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=4, help="sequences per step")
     parser.add_argument("--response-tokens", type=int, default=128, help="PPO response length")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per variant")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default all)")
+    parser.add_argument("--no-queue", action="store_true", help="leave out the queue measurement")
     parser.add_argument("--emulated-bf16", action="store_true",
                         help="time the bf16 rows on a CPU without native bfloat16 too (tens of times slower)")
     args = parser.parse_args()
     # Emulated bfloat16 runs for many minutes a step (docs/results/2026-11-26-bf16-avx2.md): measured on request.
-    variants = {name: v for name, v in VARIANTS.items()
-                if not v[0] or args.emulated_bf16 or native_bf16(torch.device("cpu"))}
+    chosen = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or not chosen:
+        parser.error(f"--variants: unknown {', '.join(unknown) or '(none given)'}; use {', '.join(VARIANTS)}")
+    variants = {name: VARIANTS[name] for name in chosen
+                if not VARIANTS[name][0] or args.emulated_bf16 or native_bf16(torch.device("cpu"))}
     torch.manual_seed(0)
     model_dir = prepare_policy_model()
     tokenizer = PolicyModel(model_dir).tokenizer
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
-    if len(variants) < len(VARIANTS):
+    if len(variants) < len(chosen):
         print("no native bfloat16 on this CPU: the bf16 rows are left out (--emulated-bf16 times them)")
     items = data.load_supported_questions(train_path("hotpotqa"), limit=args.sequences // 2)
     information = InformationFormat(tokenizer, TOKENS_PER_QUERY)  # type: ignore[arg-type]
@@ -157,10 +168,13 @@ def main() -> None:
     mean_len = sum(len(s.prompt_ids) + len(s.response_ids) for s in sft_sequences) / len(sft_sequences)
     print(f"\nSFT: {len(sft_sequences)} trajectories per step, {mean_len:.0f} tokens each")
     base = None
+    sft_rates = {}
+    first = next(iter(variants))
     for name, (bf16, lora) in variants.items():
         rate = sft_tokens_per_second(model_dir, sft_sequences, bf16, lora, args.steps)
         base = base or rate
-        print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x fp32 full)")
+        sft_rates[name] = rate
+        print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x {first})")
     samples = rollout_samples(tokenizer, args.sequences, args.response_tokens)
     mean_len = sum(len(s.sequence.prompt_ids) + len(s.sequence.response_ids) for s in samples) / len(samples)
     print(
@@ -171,7 +185,9 @@ def main() -> None:
     for name, (bf16, lora) in variants.items():
         rate = ppo_tokens_per_second(model_dir, samples, bf16, lora, args.steps)
         base = base or rate
-        print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x fp32 full)")
+        print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x {first}; PPO/SFT {rate / sft_rates[name]:.3f})")
+    if args.no_queue:
+        return
     queue, update = queue_overhead(model_dir, samples, args.steps)
     print(
         f"\nQueue per PPO step (LoRA, the trainer's precision): {queue * 1000:.1f} ms of queue work against "

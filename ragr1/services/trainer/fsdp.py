@@ -55,9 +55,10 @@ def distribute_like(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def to_float(value: torch.Tensor) -> float:
-    """A scalar that may be a (replicated) DTensor, such as ``clip_grad_norm_``'s total norm."""
-    return float(value.full_tensor() if isinstance(value, DTensor) else value)
+def whole(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of a value that may be a DTensor, such as ``clip_grad_norm_``'s total norm; it stays
+    on its device (reading it as a number would make the host wait for the device)."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -11,9 +11,10 @@ vocabulary projection runs only on generated positions (inserted ``<information>
 scored), in chunks of ``logit_chunk_tokens`` positions under activation checkpointing, so one chunk's
 logits exist at a time in the forward and the backward; the trunk can checkpoint its layers too.
 
-Devices: the networks live on ``training_device`` (a CUDA GPU when torch sees one); batches are built,
-and everything per token after the networks (losses, advantages, statistics) is computed, on the CPU:
-those tensors are [rows × response tokens], small beside the trunk and the vocabulary projection.
+Devices: the networks live on ``training_device`` (a CUDA GPU when torch sees one). Batches are built
+on the CPU (their row bookkeeping never waits on the device); the networks' outputs stay on the model's
+device, and so does everything per token after them (losses, advantages, statistics): a copy back to
+the host would make every micro-batch wait for the device to finish it. On the CPU it is the same code.
 
 ``save_policy`` writes a plain Hugging Face checkpoint of the served architecture (LoRA merged) that
 the policy service can load; ``trainable_state`` holds what only the trainer needs to resume. Both are
@@ -154,13 +155,17 @@ def _generated(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _scatter(values: torch.Tensor, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(batch.mask.shape, dtype=values.dtype)
+    """``[B, R]`` on ``values``' device, ``values`` at (rows, cols) and 0 elsewhere."""
+    out = torch.zeros(batch.mask.shape, dtype=values.dtype, device=values.device)
     return out.index_put((rows, cols), values)
 
 
 def _hidden_at(trunk: Any, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """The trunk's last hidden state at the positions that predict the generated tokens: ``[N, H]``."""
-    hidden = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)[0]
+    # No attention mask: rows are right-padded, so under the causal mask a real token never sees a pad, and
+    # only real positions are read. Given a mask, transformers reads it on the host to see whether it pads
+    # (a wait on the device every pass) and attends through it instead of the fused causal kernel.
+    hidden = trunk(input_ids=batch.input_ids, use_cache=False)[0]
     return hidden[rows, batch.positions[rows, cols]]
 
 
@@ -266,10 +271,11 @@ class PolicyModel(nn.Module):
         return autocast(self.bf16, self.device)
 
     def _run(self, network: Any, batch: Batch) -> Outputs:
-        """Log-probs and entropy on the CPU (``batch`` is there), computed on the model's device."""
-        cpu_rows, cpu_cols = _generated(batch)
+        """Log-probs and entropy on the model's device, whichever device ``batch`` is on."""
+        # The generated positions are found where the batch was built (the CPU): torch.nonzero on a GPU
+        # tensor waits for the device to learn the count.
+        rows, cols = (t.to(self.device) for t in _generated(batch))
         on_device = batch.to(self.device)
-        rows, cols = cpu_rows.to(self.device), cpu_cols.to(self.device)
         head = network.get_output_embeddings()
         targets = on_device.response_ids[rows, cols]
         temperature = on_device.temperature[rows]
@@ -288,12 +294,10 @@ class PolicyModel(nn.Module):
                 logprobs.append(lp)
                 entropy.append(ent)
         if not logprobs:
-            empty = torch.zeros(batch.mask.shape)
+            empty = torch.zeros(batch.mask.shape, device=self.device)
             return Outputs(empty, empty.clone())
-        # .cpu() is the identity on the CPU; from a GPU the gradient flows back through the copy.
         return Outputs(
-            _scatter(torch.cat(logprobs).cpu(), batch, cpu_rows, cpu_cols),
-            _scatter(torch.cat(entropy).cpu(), batch, cpu_rows, cpu_cols),
+            _scatter(torch.cat(logprobs), on_device, rows, cols), _scatter(torch.cat(entropy), on_device, rows, cols)
         )
 
     def forward(self, batch: Batch, reference: bool = False) -> Outputs:
@@ -400,12 +404,13 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """``[B, R]`` values on the CPU, 0 where the mask is 0."""
-        rows, cols = _generated(batch)
+        """``[B, R]`` values on the model's device, 0 where the mask is 0."""
+        rows, cols = (t.to(self.device) for t in _generated(batch))
+        on_device = batch.to(self.device)
         with autocast(self.bf16, self.device):
-            hidden = _hidden_at(self.trunk, batch.to(self.device), rows.to(self.device), cols.to(self.device))
+            hidden = _hidden_at(self.trunk, on_device, rows, cols)
         values = self.value_head(hidden.float()).squeeze(-1)
-        return _scatter(values.cpu(), batch, rows, cols)
+        return _scatter(values, on_device, rows, cols)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return trainable_state(self)

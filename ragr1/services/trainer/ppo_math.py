@@ -265,7 +265,7 @@ def logprob_gap(
     """The weight-sync check: |trainer - behaviour| log-prob per generated token, over the rows
     ``same_weights`` marks (``trainer`` holds their log-probs under the weights that sampled them).
     Empty when there are none."""
-    rows = torch.tensor(same_weights, dtype=torch.bool)
+    rows = torch.tensor(same_weights, dtype=torch.bool, device=mask.device)
     live = mask[rows] > 0
     if not bool(live.any()):
         return {}

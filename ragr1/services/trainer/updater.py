@@ -10,6 +10,11 @@ their own AdamW, learning rate with warm-up, weight decay and gradient clip.
 Within a mini-batch, gradients accumulate over micro-batches capped in rows and tokens; every loss is
 divided by the mini-batch's token count, so data-parallel workers that each take a share of its rows
 and sum their gradients (``reduce``) take exactly the step one process would take.
+
+Devices: the batch's rows are chosen on the CPU, where it was built; every per-token tensor (log-probs,
+values, advantages, losses) and every statistic (``StepStats``, the gradient norms) stays on the models'
+device, and the numbers the update reports are read from it once, at its end. A read in the loop would
+make the host wait for the device each micro-batch, leaving the GPU idle while the next one is queued.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,12 +33,18 @@ from torch import nn
 from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.data import TokenSequence
-from ragr1.services.trainer.model import Batch, PolicyModel, ValueModel, collate, micro_batches, training_device
+from ragr1.services.trainer.model import (
+    Batch,
+    PolicyModel,
+    ValueModel,
+    _named_trainable,
+    collate,
+    micro_batches,
+    training_device,
+)
+from ragr1.services.trainer.stepstats import Reduce, StepStats, numbers
 
 log = logging.getLogger(__name__)
-
-# reduce(tensor, op) combines a tensor across data-parallel workers in place; op is "sum", "min" or "max".
-Reduce = Callable[[torch.Tensor, str], None]
 
 
 def process_group_reduce(device: torch.device) -> Reduce:
@@ -44,7 +54,7 @@ def process_group_reduce(device: torch.device) -> Reduce:
     ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
     def reduce(tensor: torch.Tensor, op: str) -> None:
-        # NCCL reduces only GPU tensors; the statistics live on the CPU (the identity with gloo).
+        # NCCL reduces only GPU tensors (the identity where the tensor is there already).
         moved = tensor.to(device)
         dist.all_reduce(moved, op=ops[op])
         tensor.copy_(moved)
@@ -72,6 +82,8 @@ class Sample:
 
 @dataclasses.dataclass
 class Prepared:
+    """The whole batch on the CPU (row bookkeeping); everything else on the models' device."""
+
     batch: Batch
     old_logprobs: torch.Tensor
     old_values: torch.Tensor | None
@@ -81,57 +93,10 @@ class Prepared:
     advantages: torch.Tensor
     returns: torch.Tensor | None
     scores: torch.Tensor
-    stats: dict[str, float]
+    stats: dict[str, torch.Tensor | float]
 
     def tokens(self, rows: Sequence[int]) -> float:
         return float(self.batch.mask[list(rows)].sum().clamp(min=1))
-
-
-# Keys of the update's statistics, by how they combine across micro-batches and workers.
-_MEANS = (
-    "policy_loss", "entropy", "kl_loss", "clip_fraction", "approx_kl", "importance_weight", "ratio_mean",
-    "value_loss", "value_clip_fraction", "value_mean",
-)
-_MINS = ("ratio_min",)
-_MAXES = ("ratio_max",)
-# Stats that the loss functions divided by the mini-batch's token count rather than the micro-batch's.
-_SHARED_DENOMINATOR = {"policy_loss", "entropy", "kl_loss", "value_loss"}
-
-
-class StepStats:
-    """Token-weighted means, minima and maxima over micro-batches, combinable across workers."""
-
-    def __init__(self) -> None:
-        self.sums = torch.zeros(len(_MEANS), dtype=torch.float64)
-        self.weights = torch.zeros(len(_MEANS), dtype=torch.float64)
-        self.mins = torch.full((len(_MINS),), math.inf, dtype=torch.float64)
-        self.maxes = torch.full((len(_MAXES),), -math.inf, dtype=torch.float64)
-
-    def add(self, stats: dict[str, torch.Tensor], tokens: float, denominator: float) -> None:
-        for i, key in enumerate(_MEANS):
-            if key in stats:
-                value = float(stats[key])
-                # Back to this micro-batch's own mean, weighted by its tokens.
-                self.sums[i] += value * denominator if key in _SHARED_DENOMINATOR else value * tokens
-                self.weights[i] += tokens
-        for i, key in enumerate(_MINS):
-            if key in stats:
-                self.mins[i] = min(float(self.mins[i]), float(stats[key]))
-        for i, key in enumerate(_MAXES):
-            if key in stats:
-                self.maxes[i] = max(float(self.maxes[i]), float(stats[key]))
-
-    def reduce(self, reduce: Reduce) -> None:
-        reduce(self.sums, "sum")
-        reduce(self.weights, "sum")
-        reduce(self.mins, "min")
-        reduce(self.maxes, "max")
-
-    def result(self) -> dict[str, float]:
-        out = {k: float(self.sums[i] / self.weights[i]) for i, k in enumerate(_MEANS) if self.weights[i] > 0}
-        out.update({k: float(self.mins[i]) for i, k in enumerate(_MINS) if math.isfinite(self.mins[i])})
-        out.update({k: float(self.maxes[i]) for i, k in enumerate(_MAXES) if math.isfinite(self.maxes[i])})
-        return out
 
 
 @dataclasses.dataclass
@@ -144,7 +109,8 @@ class _Optimised:
     lr: float
     warmup_updates: int
     max_grad_norm: float
-    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    # One per optimiser step, on the device: read once per update.
+    grad_norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
     def set_learning_rate(self, update: int) -> float:
         lr = self.lr * ppo_math.warmup_factor(update, self.warmup_updates)
@@ -169,21 +135,24 @@ class PPOUpdater:
         # check compares those under the weights that sampled them. Not saved: after a restart only
         # rollouts of the current version are checked until the next update.
         self.previous_actor: dict[str, torch.Tensor] | None = None
+        # FSDP: the gradients are reduce-scattered in the backward, and every worker must run as many
+        # forward passes as the others (each pass gathers weights from all of them).
+        self.sharded = any(fsdp.is_sharded(p) for p in actor.actor_parameters())
+        # On a GPU, AdamW's fused kernel: one launch per step instead of several per parameter group.
+        fused = True if actor.device.type == "cuda" and not self.sharded else None
         self.parts = [
             _Optimised(
                 "actor",
                 actor.actor_parameters(),
                 torch.optim.AdamW(
-                    actor.actor_parameters(), lr=settings.actor_learning_rate, weight_decay=settings.weight_decay
+                    actor.actor_parameters(), lr=settings.actor_learning_rate, weight_decay=settings.weight_decay,
+                    fused=fused,
                 ),
                 settings.actor_learning_rate,
                 settings.warmup_updates(settings.actor_warmup_ratio),
                 settings.max_grad_norm,
             )
         ]
-        # FSDP: the gradients are reduce-scattered in the backward, and every worker must run as many
-        # forward passes as the others (each pass gathers weights from all of them).
-        self.sharded = any(fsdp.is_sharded(p) for p in self.parts[0].params)
         if self.critic is not None:
             params = self.critic.critic_parameters()
             self.parts.append(
@@ -191,7 +160,8 @@ class PPOUpdater:
                     "critic",
                     params,
                     torch.optim.AdamW(
-                        params, lr=settings.critic_learning_rate, weight_decay=settings.critic_weight_decay
+                        params, lr=settings.critic_learning_rate, weight_decay=settings.critic_weight_decay,
+                        fused=fused,
                     ),
                     settings.critic_learning_rate,
                     settings.warmup_updates(settings.critic_warmup_ratio),
@@ -231,8 +201,12 @@ class PPOUpdater:
         s = self.settings
         return micro_batches(batch, rows, s.micro_batch_size, s.micro_batch_tokens)
 
+    @property
+    def device(self) -> torch.device:
+        return self.actor.device
+
     def _no_grad(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        out = torch.zeros(batch.mask.shape)
+        out = torch.zeros(batch.mask.shape, device=self.device)
         with torch.no_grad():
             for rows in self._micro_batches(batch, range(len(batch))):
                 out[rows] = forward(batch.select(rows))
@@ -243,24 +217,25 @@ class PPOUpdater:
         s = self.settings
         self.actor.eval()
         batch = collate([x.sequence for x in samples], self.actor.pad_id, [x.temperature for x in samples])
-        mask = batch.mask
+        mask = batch.mask.to(self.device)
         old_logprobs = self._no_grad(batch, lambda b: self.actor(b).logprobs)
-        stats: dict[str, float] = {}
+        stats: dict[str, torch.Tensor | float] = {}
         kl = ref = None
         if s.kl_coef > 0:
             ref = self._no_grad(batch, self.actor.reference_logprobs)
             # verl's kl = old_log_prob - ref_log_prob, on generated tokens only.
             kl = ppo_math.kl_penalty(old_logprobs, ref, s.kl_estimator) * mask  # type: ignore[arg-type]
-            stats["kl"] = float(ppo_math.masked_mean(kl, mask))
+            stats["kl"] = ppo_math.masked_mean(kl, mask)
         behaviour = None
         if any(x.behaviour_logprobs is not None for x in samples):
-            behaviour = old_logprobs.clone()
+            given = torch.zeros(batch.mask.shape)
             for i, x in enumerate(samples):
                 if x.behaviour_logprobs is not None:
-                    behaviour[i, : len(x.behaviour_logprobs)] = torch.tensor(x.behaviour_logprobs)
-            behaviour = torch.where(mask > 0, behaviour, old_logprobs)
+                    given[i, : len(x.behaviour_logprobs)] = torch.tensor(x.behaviour_logprobs)
+            has = torch.tensor([x.behaviour_logprobs is not None for x in samples])[:, None] & (batch.mask > 0)
+            behaviour = torch.where(has.to(self.device), given.to(self.device), old_logprobs)
             stats.update(self._sync_gap(samples, batch, old_logprobs, behaviour))
-        scores = torch.tensor([x.score for x in samples], dtype=torch.float32)
+        scores = torch.tensor([x.score for x in samples], dtype=torch.float32, device=self.device)
         in_reward = s.kl_in_reward
         rewards = ppo_math.token_rewards(scores, mask, kl if in_reward else None, s.kl_coef)
         returns = old_values = None
@@ -291,6 +266,7 @@ class PPOUpdater:
     def _actor_loss(self, prepared: Prepared, micro: Batch, sel: torch.Tensor, denominator: float) -> Any:
         s = self.settings
         out = self.actor(micro)
+        micro = micro.to(self.device)
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[sel]
@@ -313,8 +289,10 @@ class PPOUpdater:
 
     def _critic_loss(self, prepared: Prepared, micro: Batch, sel: torch.Tensor, denominator: float) -> Any:
         assert self.critic is not None and prepared.old_values is not None and prepared.returns is not None
+        values = self.critic(micro)
+        micro = micro.to(self.device)
         return ppo_math.value_loss(
-            self.critic(micro),
+            values,
             prepared.old_values[sel],
             prepared.returns[sel],
             micro.mask,
@@ -339,14 +317,15 @@ class PPOUpdater:
         network = self.actor if model == "actor" else self.critic
         assert network is not None
         network.train()
-        stats = stats or StepStats()
+        stats = stats or StepStats(self.device)
         denominator = prepared.tokens(mini_batch)
         part.optimizer.zero_grad(set_to_none=True)
         for rows, counted in self._passes(prepared, mini_batch, rank, world, reduce):
             micro = prepared.batch.select(rows)
-            loss, step_stats = loss_fn(prepared, micro, torch.as_tensor(rows, dtype=torch.long), denominator)
+            sel = torch.as_tensor(rows, dtype=torch.long).to(self.device)
+            loss, step_stats = loss_fn(prepared, micro, sel, denominator)
             if counted:
-                stats.add(step_stats, float(micro.mask.sum()), denominator)
+                stats.add(step_stats, prepared.tokens(rows), denominator)
             # FSDP averages over the workers where the step needs their sum (fsdp).
             (loss * (world if self.sharded else 1) * float(counted)).backward()
         if reduce is not None:
@@ -358,7 +337,7 @@ class PPOUpdater:
                     p.grad = torch.zeros_like(p)
                 reduce(p.grad, "sum")
         norm = torch.nn.utils.clip_grad_norm_(part.params, part.max_grad_norm)
-        part.grad_norms.append(fsdp.to_float(norm))
+        part.grad_norms.append(fsdp.whole(norm).detach())
         part.optimizer.step()
         return stats
 
@@ -397,7 +376,7 @@ class PPOUpdater:
             finally:
                 self.actor.load_trainable_state(held)
         checked = [x.weights_lag == 0 or (previous is not None and x.weights_lag == 1) for x in samples]
-        return ppo_math.logprob_gap(trainer, behaviour, batch.mask, checked)
+        return ppo_math.logprob_gap(trainer, behaviour, batch.mask.to(self.device), checked)
 
     def update(
         self, samples: Sequence[Sample], rank: int = 0, world: int = 1, reduce: Reduce | None = None
@@ -408,8 +387,8 @@ class PPOUpdater:
         start = time.perf_counter()
         learning_rates = {f"{p.name}_lr": p.set_learning_rate(self.updates) for p in self.parts}
         prepared = self.prepare(samples)
-        self.previous_actor = self.actor.trainable_state()  # a CPU copy
-        stats = StepStats()
+        self._hold_previous_actor()
+        stats = StepStats(self.device)
         for part in self.parts:
             part.grad_norms = []
         for epoch in range(self.settings.ppo_epochs):
@@ -422,22 +401,38 @@ class PPOUpdater:
             stats.reduce(reduce)
         likelihood = self._likelihood_change(prepared)
         self.updates += 1
-        result = {**prepared.stats, **stats.result(), **learning_rates, **likelihood}
+        result = {**numbers(prepared.stats), **stats.result(), **learning_rates, **likelihood}
         for part in self.parts:
-            result[f"{part.name}_grad_norm"] = sum(part.grad_norms) / max(1, len(part.grad_norms))
-            result[f"{part.name}_grad_norm_max"] = max(part.grad_norms, default=0.0)
-            result[f"{part.name}_steps"] = float(len(part.grad_norms))
+            norms = torch.stack(part.grad_norms).tolist() if part.grad_norms else []
+            result[f"{part.name}_grad_norm"] = sum(norms) / max(1, len(norms))
+            result[f"{part.name}_grad_norm_max"] = max(norms, default=0.0)
+            result[f"{part.name}_steps"] = float(len(norms))
         elapsed = time.perf_counter() - start
         tokens = float(sum(len(x.sequence.prompt_ids) + len(x.sequence.response_ids) for x in samples))
         result.update(
             {
-                "reward_mean": float(prepared.scores.mean()),
+                "reward_mean": sum(x.score for x in samples) / len(samples),
                 "tokens": tokens,
                 "tokens_per_second": tokens / elapsed if elapsed > 0 else 0.0,
                 "update_seconds": elapsed,
             }
         )
         return result
+
+    def _hold_previous_actor(self) -> None:
+        """``previous_actor``: the actor's trainable weights now, on the CPU. From a GPU the copy goes into
+        pinned buffers kept across updates, queued behind the work before it (the optimiser steps that
+        follow it on the same stream wait for it; the host does not)."""
+        if self.device.type != "cuda" or self.sharded:
+            self.previous_actor = self.actor.trainable_state()
+            return
+        held = self.previous_actor or {}
+        current = dict(_named_trainable(self.actor))
+        if held.keys() != current.keys():
+            held = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in current.items()}
+        for name, param in current.items():
+            held[name].copy_(param.detach(), non_blocking=True)
+        self.previous_actor = held
 
     def _likelihood_change(self, prepared: Prepared) -> dict[str, float]:
         """What the update did to the rollouts it was meant to reinforce (positive advantage summed over
@@ -447,8 +442,9 @@ class PPOUpdater:
         update lowered what it meant to raise. Costs one no-gradient forward pass over those rollouts,
         timed in ``likelihood_check_seconds``; every data-parallel worker runs the same pass."""
         start = time.perf_counter()
-        mask = prepared.batch.mask
-        reinforced = [i for i in range(len(prepared.batch)) if float((prepared.advantages[i] * mask[i]).sum()) > 0]
+        mask = prepared.batch.mask.to(self.device)
+        # One read of the device: which rows to run again is a host decision.
+        reinforced = torch.nonzero((prepared.advantages * mask).sum(dim=1) > 0).flatten().tolist()
         if not reinforced:
             return {}
         self.actor.eval()
