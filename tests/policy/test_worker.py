@@ -221,8 +221,18 @@ class PausedEngine(ScriptedEngine):
         self.aborted.set()
 
 
+class StoppedEngine(PausedEngine):
+    """An engine whose processes are stopped (SIGSTOP): its abort never answers either."""
+
+    async def abort_all(self) -> None:
+        self.aborts += 1
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("engine_kind", [PausedEngine, StoppedEngine], ids=["aborts", "never-answers"])
 def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_at_once(
-    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path,
+    engine_kind: type[PausedEngine],
 ) -> None:
     """Asked to stop mid-rollout (SIGTERM: a scale-down), the worker takes no new prompt, gives its batch
     leave_seconds, aborts it, and hands both prompts back: another worker's reclaim takes them at its next
@@ -230,18 +240,19 @@ def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_
     unchanged; the leaving consumer is gone from the group, and nothing was acknowledged or produced."""
     prompts, rollouts = queues(redis_client)
     prompts.produce([*tasks(), common_pb2.PromptTask(id="later", question="Capital of France?")])
-    engine = PausedEngine(tokenizer)
+    engine = engine_kind(tokenizer)
     policy = Policy(engine, tokenizer, ScriptedSearch(), LoopConfig(), model_dir=policy_model_dir,
                     default_sampling=Sampling(), limits=RolloutLimits(max_batch=8))
     worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=2,
                            block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                           leave_seconds=0.3)
+                           grace_seconds=0.4)
 
     async def scenario() -> None:
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))
         await asyncio.wait_for(engine.started.wait(), 10)
         stop.set()
+        # It leaves even when the engine never answers its abort (it would wait on it for good).
         await asyncio.wait_for(running, 10)
         await worker.scorer.close()  # type: ignore[attr-defined]
 

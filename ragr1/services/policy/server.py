@@ -20,7 +20,7 @@ from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.servicer import PolicyServicer
-from ragr1.services.policy.worker import LEAVE_MARGIN_SECONDS, RolloutWorker
+from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,8 @@ def build_worker(
     config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
     accepting: asyncio.Event | None = None,
 ) -> RolloutWorker:
-    """The worker of a replica. Asked to stop, its batch gets the grace period less the time that aborting it
-    and handing its prompts back takes, so that all of it fits the period the deployment waits."""
+    """The worker of a replica: asked to stop, it finishes or hands back its batch within the grace period
+    (``RolloutWorker``)."""
     prompts = StreamQueue(
         client,
         PROMPTS,
@@ -83,7 +83,7 @@ def build_worker(
         reclaim_idle_ms=config.reclaim_idle_ms,
         dead_letter_retrieval_errors=config.on_retrieval_error == "dead_letter",
         accepting=accepting,
-        leave_seconds=max(0.0, config.grace_seconds - min(LEAVE_MARGIN_SECONDS, config.grace_seconds / 4)),
+        grace_seconds=config.grace_seconds,
     )
 
 

@@ -35,8 +35,13 @@ from ragr1.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 # What a leaving worker keeps of its grace period (at most: a quarter of it) to abort its batch and hand its
-# prompts back; the abort itself gets half of it before the batch is cancelled outright.
+# prompts back: the abort and the batch's end after it get half of it each before the batch is cancelled
+# outright (an engine that does not answer its abort), so that the hand-back always fits the grace period.
 LEAVE_MARGIN_SECONDS = 5.0
+
+
+def leave_margin(grace_seconds: float) -> float:
+    return min(LEAVE_MARGIN_SECONDS, grace_seconds / 4)
 
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
@@ -57,7 +62,7 @@ class RolloutWorker:
         reclaim_idle_ms: int,
         dead_letter_retrieval_errors: bool,
         accepting: asyncio.Event | None = None,
-        leave_seconds: float = 0.0,
+        grace_seconds: float = 0.0,
     ) -> None:
         self.policy = policy
         self.scorer = scorer
@@ -69,7 +74,9 @@ class RolloutWorker:
         self.reclaim_idle_ms = reclaim_idle_ms
         self.dead_letter_retrieval_errors = dead_letter_retrieval_errors
         self.accepting = accepting
-        self.leave_seconds = leave_seconds
+        # Asked to stop, the batch in hand gets the grace period less what aborting it and handing back takes.
+        self.margin = leave_margin(grace_seconds)
+        self.leave_seconds = grace_seconds - self.margin
         # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
         # first takes back the prompts its predecessor was given and never acknowledged, at once
         # instead of after reclaim_idle_ms. Read once at start: prompts this worker fails later wait
@@ -193,35 +200,39 @@ class RolloutWorker:
         pause. Then leaves: see the module's docstring."""
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            while not stop.is_set():
-                if self.accepting is not None and not self.accepting.is_set():
-                    await _either(self.accepting, stop)
-                    continue
-                step = asyncio.ensure_future(self.step())
-                await asyncio.wait([step, stopped], return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
-                    await self._finish(step)
-                if step.cancelled():
-                    continue
-                try:
-                    step.result()
-                except Exception:
-                    log.exception("rollout worker step failed; retrying in 1 s")
-                    await asyncio.sleep(1.0)
-        finally:
+            await self._steps(stop, stopped)
+        finally:  # cut off or not, what it holds goes back
             stopped.cancel()
-        await self._leave()
+            await self._leave()
+
+    async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
+        while not stop.is_set():
+            if self.accepting is not None and not self.accepting.is_set():
+                await _either(self.accepting, stop)
+                continue
+            step = asyncio.ensure_future(self.step())
+            await asyncio.wait([step, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                await self._finish(step)
+            if step.cancelled():
+                continue
+            try:
+                step.result()
+            except Exception:
+                log.exception("rollout worker step failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
 
     async def _finish(self, step: asyncio.Future[int]) -> None:
         """The batch in hand when the worker was asked to stop: ``leave_seconds`` to finish, then aborted (its
         rollouts come back ABORTED and are not acknowledged)."""
         self._leaving = True
-        log.info("stopping: the batch in hand gets %.0f s to finish", self.leave_seconds)
+        log.info("stopping: the batch in hand gets %.1f s to finish", self.leave_seconds)
         done, _ = await asyncio.wait([step], timeout=self.leave_seconds)
         if not done:
             log.info("stopping: aborting the batch in hand; its prompts are handed back")
-            await self.policy.abort_rollouts()
-            done, _ = await asyncio.wait([step], timeout=LEAVE_MARGIN_SECONDS / 2)
+            aborting = asyncio.ensure_future(self.policy.abort_rollouts())
+            await asyncio.wait([aborting], timeout=self.margin / 4)
+            done, _ = await asyncio.wait([step], timeout=self.margin / 4)
         if not done:  # a call that does not end (a retriever past its deadline): its prompts go back all the same
             step.cancel()
             await asyncio.wait([step])
