@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
+from ragr1.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
 
 
@@ -131,18 +131,28 @@ def test_abort_asks_running_rollouts_to_stop() -> None:
     assert asyncio.run(scenario()) == (True, 3)
 
 
-def test_failed_load_keeps_the_old_version_and_reopens() -> None:
-    async def scenario() -> int:
+def test_a_failed_load_closes_the_gate_until_a_load_succeeds() -> None:
+    """A load that fails part-way leaves the engine's weights unknown: nothing runs on them (UNAVAILABLE, with
+    the reason), an older version is still refused, and a retry of the same version that loads reopens it."""
+    async def scenario() -> tuple[str, int]:
         gate = VersionGate(version=4)
 
-        async def load() -> None:
+        async def broken() -> None:
             raise RuntimeError("disk gone")
 
-        with pytest.raises(RuntimeError):
-            await gate.update(5, "/x", load, in_flight=InFlight.FINISH, abort=_never)
-        with pytest.raises(InvalidArgument, match="greater than the current 4"):
-            await gate.update(4, "/x", load, in_flight=InFlight.FINISH, abort=_never)
-        async with gate.rollout() as version:
-            return version
+        async def fine() -> None:
+            return None
 
-    assert asyncio.run(scenario()) == 4
+        with pytest.raises(RuntimeError):
+            await gate.update(5, "/x", broken, in_flight=InFlight.FINISH, abort=_never)
+        with pytest.raises(Unavailable, match="disk gone") as refused:
+            async with gate.rollout():
+                pass
+        with pytest.raises(InvalidArgument, match="greater than the current 4"):
+            await gate.update(3, "/x", fine, in_flight=InFlight.FINISH, abort=_never)
+        await gate.update(5, "/x", fine, in_flight=InFlight.FINISH, abort=_never)
+        async with gate.rollout() as version:
+            return str(refused.value), version
+
+    reason, version = asyncio.run(scenario())
+    assert "v5 from /x" in reason and version == 5

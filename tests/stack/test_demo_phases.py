@@ -1,6 +1,7 @@
 """Which phases ``ragr1 demo`` runs: all of them, or, with ``--sft-checkpoint``, RL on an earlier SFT model
 without evaluating the base model or training SFT again. The stack and the policy are test doubles here
-(the whole recipe runs for real in tests/e2e/test_demo.py); this checks the recipe's order and pushes."""
+(the whole recipe runs for real in tests/e2e/test_demo.py); this checks the recipe's order and the versions
+it announces, in a real Redis, for the replicas to load."""
 
 from __future__ import annotations
 
@@ -8,22 +9,34 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import redis
+from safetensors.numpy import save_file
 
+from ragr1.services.common import fleet
+from ragr1.services.common.redis_server import RedisServer
 from ragr1.stack import demo as demo_module
 from ragr1.stack.demo import Demo, DemoConfig
 from ragr1.v1 import policy_pb2
 
 
 class FakeSupervisor(contextlib.nullcontext):
+    def __init__(self, redis_server: RedisServer) -> None:
+        super().__init__()
+        self.redis = redis_server
+
     def endpoints(self) -> dict[str, Any]:
         return {"services": {}}
 
 
 class FakePolicy:
-    def __init__(self, target: str) -> None:
-        self.version = 0
-        self.pushed: list[tuple[int, str]] = []
+    """A replica that serves whatever version Redis announces last (the rollout worker's follower, in one
+    step), or what RL trained to."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.trained = 0
 
     def __enter__(self) -> FakePolicy:
         return self
@@ -31,26 +44,39 @@ class FakePolicy:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def update_weights(self, version: int, path: str) -> policy_pb2.UpdateWeightsResponse:
-        self.pushed.append((version, path))
-        self.version = version
-        return policy_pb2.UpdateWeightsResponse(version=version, seconds=0.1)
+    @property
+    def version(self) -> int:
+        latest = fleet.latest(self.client)
+        return max(self.trained, latest.version if latest is not None else 0)
 
     def weight_version(self) -> policy_pb2.GetWeightVersionResponse:
         return policy_pb2.GetWeightVersionResponse(version=self.version)
 
 
-def _run(config: DemoConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[str], FakePolicy]:
+def a_checkpoint(path: Path) -> Path:
+    """A directory the demo takes for a checkpoint: a config and one weights file."""
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    save_file({"w": np.arange(4, dtype=np.float32)}, str(path / "model.safetensors"))
+    return path
+
+
+def _run(
+    config: DemoConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_server: RedisServer,
+) -> tuple[list[str], list[tuple[int, str]]]:
+    """Runs the recipe; returns the phases it ran and the versions announced in Redis (version, path)."""
     calls: list[str] = []
     policies: list[FakePolicy] = []
+    client = redis_server.client()
+    client.flushall()
 
     def policy_client(target: str) -> FakePolicy:
-        policies.append(FakePolicy(target))
+        policies.append(FakePolicy(client))
         return policies[-1]
 
     monkeypatch.setattr(demo_module, "PolicyClient", policy_client)
     runner = Demo(config)
-    monkeypatch.setattr(runner, "start", FakeSupervisor)
+    monkeypatch.setattr(runner, "start", lambda: FakeSupervisor(redis_server))
     monkeypatch.setattr(runner, "evaluate", lambda stage, policy: calls.append(f"evaluate {stage}"))
     def sft() -> Path:
         calls.append("sft")
@@ -60,31 +86,36 @@ def _run(config: DemoConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 
     def rl(supervisor: Any, start: Path, start_version: int) -> int:
         calls.append(f"rl from {start.name} v{start_version}")
-        policies[-1].version = start_version + config.ppo.max_updates
-        return policies[-1].version
+        policies[-1].trained = start_version + config.ppo.max_updates
+        return policies[-1].trained
 
     monkeypatch.setattr(runner, "rl", rl)
     monkeypatch.setattr(runner, "wait_for_idle_workers", lambda supervisor: None)
     monkeypatch.setattr(runner, "report", lambda latencies, sft, seconds: {})
     monkeypatch.setattr(demo_module.report, "service_latencies", lambda metrics: {})
     runner.run()
-    return calls, policies[-1]
+    announced = [fleet.Announcement.read(e, f) for e, f in client.xrange(fleet.WEIGHTS)]  # type: ignore[union-attr]
+    client.close()
+    return calls, [(a.version, a.path) for a in announced]
 
 
-def test_the_whole_recipe_evaluates_every_stage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    calls, policy = _run(DemoConfig(run_dir=str(tmp_path / "run")), monkeypatch, tmp_path)
+def test_the_whole_recipe_evaluates_every_stage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    a_checkpoint(tmp_path / "new-sft")
+    calls, announced = _run(DemoConfig(run_dir=str(tmp_path / "run")), monkeypatch, tmp_path, redis_server)
     assert calls == ["evaluate base", "sft", "evaluate sft", "rl from new-sft v1", "evaluate rl"]
-    assert policy.pushed == [(1, str(tmp_path / "new-sft"))]
+    assert announced == [(1, str(tmp_path / "new-sft"))]
 
 
-def test_an_earlier_sft_model_skips_base_and_sft(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    earlier = tmp_path / "earlier-sft"
-    earlier.mkdir()
-    (earlier / "config.json").write_text("{}")
+def test_an_earlier_sft_model_skips_base_and_sft(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    earlier = a_checkpoint(tmp_path / "earlier-sft")
     config = DemoConfig(run_dir=str(tmp_path / "run"), sft_checkpoint=str(earlier))
-    calls, policy = _run(config, monkeypatch, tmp_path)
+    calls, announced = _run(config, monkeypatch, tmp_path, redis_server)
     assert calls == ["evaluate sft", "rl from earlier-sft v1", "evaluate rl"]
-    assert policy.pushed == [(1, str(earlier))]
+    assert announced == [(1, str(earlier))]
 
 
 def test_a_path_that_is_not_a_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import redis
 from safetensors.numpy import save_file
 
+from ragr1.model_paths import policy_checkpoint
 from ragr1.services.common import fleet
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.server import GrpcServer
@@ -117,14 +118,17 @@ def test_status_reports_the_loop_state_over_grpc() -> None:
 def test_each_version_is_announced_once_with_its_checkpoint_and_digest(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """The trainer needs no replica address: each version is announced in Redis after its checkpoint is on
-    disk, with the digest the replicas check what they read against (written once, at save)."""
+    """The trainer needs no replica address: the weights it starts from are announced as v0, then each version
+    after its checkpoint is on disk, with the digest the replicas check what they read against (written once,
+    at save)."""
     loop = publishing_loop(redis_client, tmp_path, batch_size=2, max_updates=2)
     produce(redis_client, [make_rollout(f"r{i}") for i in range(4)])
     assert run_loop(loop) is None
     versions = Checkpointer(tmp_path / "checkpoints").versions()
     assert versions == [1, 2]
-    entries = announced(redis_client)
+    start, *entries = announced(redis_client)
+    start_weights = policy_checkpoint(loop.config.model)
+    assert (start.version, start.path, start.sha256) == (0, str(start_weights), checkpoint_sha256(start_weights))
     assert [a.version for a in entries] == [1, 2]
     for a, version in zip(entries, versions, strict=True):
         served = policy_dir(tmp_path / "checkpoints" / f"v{version:06d}")
@@ -135,14 +139,15 @@ def test_each_version_is_announced_once_with_its_checkpoint_and_digest(
 
 
 def test_a_restarted_trainer_announces_only_what_redis_lacks(redis_client: redis.Redis, tmp_path: Path) -> None:
-    """Restarted, the trainer announces nothing twice; with its announcement gone (the trainer died between
-    saving and announcing, or Redis lost it) it announces its latest checkpoint again."""
+    """Restarted, the trainer announces nothing twice (its starting weights as v0, then v1); with its
+    announcement gone (the trainer died between saving and announcing, or Redis lost it) it announces its
+    latest checkpoint again."""
     produce(redis_client, [make_rollout("r0")])
     assert run_loop(publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)) is None
     for _restart in range(3):
         again = publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)
         assert run_loop(again) is None and again.version == 1
-    assert [a.version for a in announced(redis_client)] == [1]
+    assert [a.version for a in announced(redis_client)] == [0, 1]
     redis_client.delete(fleet.WEIGHTS)
     assert run_loop(publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=1)) is None
     (entry,) = announced(redis_client)
@@ -162,11 +167,13 @@ def test_a_trainer_behind_what_redis_announces_stops_before_training(redis_clien
     assert loop.version == 0 and not (tmp_path / "checkpoints").exists()
 
 
-def test_a_fleet_that_refuses_the_version_stops_the_trainer_with_the_reason(
+def test_a_fleet_that_keeps_refusing_the_version_stops_the_trainer_with_the_reason(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """Every replica refused version 1 (its digest did not match what they read): no rollout will come, so the
-    trainer stops naming each replica's reason instead of waiting for good."""
+    """Every replica refused version 1 (its digest did not match what they read). A refusal alone stops nothing
+    (the replicas retry it: shared storage may show the checkpoint late); once no replica has served v1 for
+    weights_timeout_seconds the trainer stops, naming each replica's reason, instead of waiting for good."""
+    refused_at: list[float] = []
 
     def replicas_refuse_version_1() -> None:
         deadline = time.monotonic() + 60
@@ -176,13 +183,17 @@ def test_a_fleet_that_refuses_the_version_stops_the_trainer_with_the_reason(
         for name in ("policy-0", "policy-1"):
             fleet.report(redis_client, fleet.ReplicaReport(name, 0, fleet.REFUSED, 1, "its weights hash to sha256 00"),
                          60)
+        refused_at.append(time.monotonic())
 
-    loop = publishing_loop(redis_client, tmp_path, batch_size=1, max_updates=3)
+    timeout = 1.5
+    loop = publishing_loop(redis_client, tmp_path, timeout=timeout, batch_size=1, max_updates=3)
     produce(redis_client, [make_rollout("r0")])
     raised = run_loop(loop, replicas_refuse_version_1)
+    stopped_after = time.monotonic() - refused_at[0]
     assert isinstance(raised, PublishError), raised
-    assert "every policy replica refused weights v1" in str(raised)
+    assert f"no policy replica has served weights v1 for {timeout:g} s" in str(raised)
     assert "policy-0 serves v0, refused v1: its weights hash to sha256 00" in str(raised)
+    assert stopped_after >= timeout - 0.1
     assert loop.version == 1
 
 
