@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -141,3 +142,24 @@ def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir: Path, tmp_path: P
     for name, value in trainer.model.lm.state_dict().items():
         assert value.equal(reloaded.lm.state_dict()[name]), name
     assert (tmp_path / "sft_steps.jsonl").exists() and (tmp_path / "sft_curves.png").exists()
+
+
+def test_an_sft_steps_loss_and_gradient_do_not_depend_on_its_micro_batches(tiny_model_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    """The step sums its micro-batches' losses on the device and reads them once: one micro-batch per sequence
+    reports the loss and gradient norm of the whole batch in one pass (token-weighted over the batch)."""
+    from ragr1.services.trainer.config import SFTConfig
+    from ragr1.services.trainer.sft import SFTTrainer
+
+    def step(micro_batch_size: int) -> dict[str, float]:
+        config = SFTConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), limit=2, top_k=1,
+                           tokens_per_query=40, bf16=False, batch_size=4, micro_batch_size=micro_batch_size)
+        trainer = SFTTrainer(config, PolicyModel(tiny_model_dir, bf16=False))
+        sequences = trainer.build_sequences()[:4]
+        assert len(sequences) == 4
+        return trainer.step(sequences)
+
+    whole, split = step(4), step(1)
+    assert whole["tokens"] == split["tokens"] > 0
+    assert math.isclose(whole["loss"], split["loss"], rel_tol=1e-4) and whole["loss"] > 0
+    assert math.isclose(whole["grad_norm"], split["grad_norm"], rel_tol=1e-3)

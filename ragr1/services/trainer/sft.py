@@ -19,6 +19,7 @@ from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
 from ragr1.services.trainer.model import PolicyModel, collate, init_torch, training_device
 from ragr1.services.trainer.steplog import StepLog
+from ragr1.services.trainer.stepstats import numbers
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +61,19 @@ class SFTTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         batch = collate(sequences, self.model.pad_id)
-        denominator = float(batch.mask.sum().clamp(min=1))
-        total = 0.0
+        denominator = float(batch.mask.sum().clamp(min=1))  # the CPU batch's: no wait on the device
+        # The loss is summed on the device and read once with the gradient norm: a read per micro-batch would
+        # make the host wait for the device each time.
+        total: torch.Tensor | float = 0.0
         for start in range(0, len(batch), c.micro_batch_size):
             micro = batch.select(range(start, min(len(batch), start + c.micro_batch_size)))
             out = self.model(micro)
             loss = sft_loss(out.logprobs, micro.mask, denominator)
             loss.backward()
-            total += float(loss.detach())
+            total = total + loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.actor_parameters(), c.max_grad_norm)
         self.optimizer.step()
-        return {"loss": total, "grad_norm": float(grad_norm), "tokens": float(batch.attention_mask.sum())}
+        return numbers({"loss": total, "grad_norm": grad_norm, "tokens": float(batch.attention_mask.sum())})
 
     def train(
         self,
