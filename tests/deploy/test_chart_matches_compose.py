@@ -14,7 +14,7 @@ import helm_python
 import pytest
 import yaml
 
-from ragr1.services.common.config import add_arguments, load
+from ragr1.services.common.config import add_arguments, load, settings_of
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
@@ -66,7 +66,7 @@ def settings(cls: type, argv: list[str], variables: dict[str, Any]) -> Any:
     parser = argparse.ArgumentParser()
     add_arguments(parser, cls)
     args = parser.parse_args(argv)
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    overrides = {name: getattr(args, name) for name, _, _ in settings_of(cls)}
     strings = {k: v for k, v in variables.items() if isinstance(v, str)}
     return load(cls, env=strings, overrides=overrides)
 
