@@ -9,8 +9,9 @@ import pytest
 
 from ragr1.cli import main
 from ragr1.services.common import config
+from ragr1.services.common.config import part_of
 from ragr1.services.retriever.config import BuildConfig, PlanConfig
-from ragr1.services.retriever.index import IndexSpec
+from ragr1.services.retriever.index import IndexParams, IndexSpec
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_a_bad_setting_is_refused_naming_it(
 
 def test_build_defaults_are_the_index_s_own() -> None:
     built = BuildConfig(store="s", out="i")
-    assert built.index_spec() == IndexSpec()
+    assert part_of(IndexSpec, built, IndexParams) == IndexSpec()
     assert built.encoder_settings().max_passage_tokens > 0  # 0 keeps the preset's length
 
 

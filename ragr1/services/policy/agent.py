@@ -30,7 +30,7 @@ from ragr1.protocol.prompts import (
     chat_prompt_ids,
     question_prompt,
 )
-from ragr1.services.common.config import InformationSettings, Validated, check_at_least, setting
+from ragr1.services.common.config import InformationSettings, Validated, check_at_least, part_of, setting
 
 
 class TrajectoryStatus(enum.Enum):
@@ -71,7 +71,7 @@ class Sampling(SamplingSettings):
     @classmethod
     def of(cls, settings: SamplingSettings) -> Sampling:
         """``settings`` as a request's sampling (unseeded, no stop strings of its own)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SamplingSettings)})
+        return part_of(cls, settings, SamplingSettings)
 
 
 @dataclasses.dataclass(frozen=True)
