@@ -34,9 +34,16 @@ class EngineSettings(ContextSettings):
     # Tests and the local stack start engines often.
     enforce_eager: bool = setting(True, "skip torch.compile and CUDA graphs: fast load, slower decoding")
     tensor_parallel_size: int = setting(1, "GPUs per engine")
+    # vLLM's own default: a replica holds its GPUs alone in every GPU deployment (the chart's nvidia.com/gpu
+    # request, compose's reservation). On a CPU, kv_cache_gib above 0 fixes the cache and vLLM then neither
+    # checks nor uses this share, so no CPU deployment sets it.
     gpu_memory_utilization: float = setting(
-        0.9, "share of device memory vLLM takes for weights and KV cache (on a CPU: of RAM; see kv_cache_gib)"
+        0.9, "share of GPU memory vLLM takes for weights and KV cache; on a CPU, of RAM, and only with "
+        "kv_cache_gib 0"
     )
+    # A fixed size, because vLLM's share of RAM counts what the other services on the machine hold. Every CPU
+    # deployment (the local stack, compose, the chart's values-cpu.yaml) runs with this one;
+    # docs/services/policy.md says what it holds.
     kv_cache_gib: int = setting(2, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE); 0 keeps vLLM's default")
     reserved_cpus: int = setting(
         -1, "CPU only: cores vLLM keeps for itself (VLLM_CPU_NUM_OF_RESERVED_CPU); -1 its default"

@@ -235,7 +235,10 @@ class RouterConfig(ServerConfig):
     port: int = setting(ports.RETRIEVER, "gRPC port")
     # The router reads the manifest: the encoder, the shards' facts.
     index: str = same_as(ShardConfig, "index")
-    shards: list[str] = setting(list, "shard addresses host:port, in shard order (comma-separated)", factory=True)
+    shards: list[str] = setting(
+        list, "shard addresses host:port, in shard order (comma-separated); or one address holding {shard}, "
+        "filled in with every shard number of the index (retriever-shard-{shard}:50061)", factory=True,
+    )
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")
     max_queries: int = setting(512, "most queries in one call")
@@ -279,5 +282,14 @@ class RouterConfig(ServerConfig):
         if not self.shards:
             raise ValueError("shards is required (--shards host:port,...): the shard addresses in shard order")
         check_choice("on_shard_failure", self.on_shard_failure, FAILURE_MODES)
+        if len(self.shards) > 1 and any("{shard}" in s for s in self.shards):
+            raise ValueError("shards: a list of addresses, or one address holding {shard}, not both")
         check_at_least(self, [(name, 1) for name in (
             "max_queries", "max_query_chars", "max_top_k", "max_batch_rows", "encoder_workers")])
+
+    def shard_addresses(self, num_shards: int) -> list[str]:
+        """The shards' addresses for an index of ``num_shards`` shards, so that a deployment names its shard
+        count once (docker-compose.yml: the index build's)."""
+        if len(self.shards) == 1 and "{shard}" in self.shards[0]:
+            return [self.shards[0].replace("{shard}", str(i)) for i in range(num_shards)]
+        return list(self.shards)

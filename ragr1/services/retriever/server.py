@@ -137,9 +137,10 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
     the shards' health watched beside the server."""
     manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
     m = manifest.manifest
-    if len(config.shards) != m.num_shards:
-        raise ValueError(f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)")
-    shards = [AsyncShardClient(target) for target in config.shards]
+    addresses = config.shard_addresses(m.num_shards)
+    if len(addresses) != m.num_shards:
+        raise ValueError(f"--shards lists {len(addresses)} address(es), the index has {m.num_shards} shard(s)")
+    shards = [AsyncShardClient(target) for target in addresses]
     await check_shards(shards, manifest, config.shard_wait_s)
     limits = SearchLimits(config.max_queries, config.max_query_chars, config.max_top_k)
     encoder = Encoder(
