@@ -22,10 +22,9 @@ from ragr1.services.retriever.encoder import (
 from ragr1.services.retriever.families import FAMILIES, SEARCH_R1_QUERY_TOKENS
 from ragr1.services.retriever.importer import DEFAULT_CHUNK_ROWS
 from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexParams
+from ragr1.services.retriever.router import FAILURE_MODES, SearchLimits
 
 CHECKSUM_MODES = ("start", "background", "off")
-# What the router does when a shard is down or late (RouterConfig.on_shard_failure).
-FAILURE_MODES = ("unavailable", "partial")
 
 
 def require_index(index: str) -> None:
@@ -231,7 +230,7 @@ class ShardConfig(ServerConfig):
 
 
 @dataclasses.dataclass
-class RouterConfig(ServerConfig):
+class RouterConfig(SearchLimits, ServerConfig):
     port: int = setting(ports.RETRIEVER, "gRPC port")
     # The router reads the manifest: the encoder, the shards' facts.
     index: str = same_as(ShardConfig, "index")
@@ -241,9 +240,6 @@ class RouterConfig(ServerConfig):
     )
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")
-    max_queries: int = setting(512, "most queries in one call")
-    max_query_chars: int = setting(2048, "longest query, in characters")
-    max_top_k: int = setting(100, "largest top_k")
     timeout_s: float = setting(10.0, "deadline of a call that brings none (and cap of the caller's)")
     on_shard_failure: str = setting(
         "unavailable",
@@ -284,8 +280,7 @@ class RouterConfig(ServerConfig):
         check_choice("on_shard_failure", self.on_shard_failure, FAILURE_MODES)
         if len(self.shards) > 1 and any("{shard}" in s for s in self.shards):
             raise ValueError("shards: a list of addresses, or one address holding {shard}, not both")
-        check_at_least(self, [(name, 1) for name in (
-            "max_queries", "max_query_chars", "max_top_k", "max_batch_rows", "encoder_workers")])
+        check_at_least(self, (("max_batch_rows", 1), ("encoder_workers", 1)))
 
     def shard_addresses(self, num_shards: int) -> list[str]:
         """The shards' addresses for an index of ``num_shards`` shards, so that a deployment names its shard
