@@ -484,7 +484,7 @@ def rollout_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, An
     s = ctx.sizes
     tasks = [Task(r["id"], r["question"]) for r in read_jsonl(train_path("hotpotqa"), limit=s.rollout_tasks)]
     loop = LoopConfig(max_turns=1)
-    sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=s.rollout_max_tokens, seed=1234)
+    sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens_per_turn=s.rollout_max_tokens, seed=1234)
 
     def case(arch: str) -> dict[str, Any]:
         directory = ctx.model_dir(arch)

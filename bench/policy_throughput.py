@@ -186,6 +186,7 @@ async def run_loop(
 async def vllm_run(
     name: str,
     settings: EngineSettings,
+    model: Path,
     tokenizer: Any,
     tasks: list[Task],
     cfg: LoopConfig,
@@ -193,7 +194,7 @@ async def vllm_run(
     search: Any,
 ) -> Run:
     start = time.perf_counter()
-    engine = VllmEngine.start(settings)
+    engine = VllmEngine.start(settings, model)
     try:
         # A first short request warms the engine up, as a served engine would be.
         await engine.generate([GenerationRequest(tokenizer.encode("Hello"), 4, None)], sampling, ())
@@ -211,7 +212,7 @@ async def main(args: argparse.Namespace) -> None:
     rows = list(read_jsonl(train_path("hotpotqa"), limit=args.questions))
     tasks = [Task(r["id"], r["question"]) for r in rows]
     cfg = LoopConfig(max_turns=args.max_turns, max_model_len=2048)
-    sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1234)
+    sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens_per_turn=args.max_tokens, seed=1234)
     print(
         f"{len(tasks)} HotpotQA questions, up to {args.max_turns} turns + a final one, {args.max_tokens} "
         f"tokens per turn, temperature 1.0, stop at {list(grammar.STOP_STRINGS)}; model {model}"
@@ -237,15 +238,15 @@ async def main(args: argparse.Namespace) -> None:
     print(baseline.row(None), flush=True)
     del hf
 
-    settings = EngineSettings(model=model, max_model_len=2048, kv_cache_gib=2)
+    settings = EngineSettings(max_model_len=2048, kv_cache_gib=2)
     runs = [
-        await vllm_run("vLLM, out of the box (eager)", settings, tokenizer, tasks, cfg, sampling, NoSearch())
+        await vllm_run("vLLM, out of the box (eager)", settings, model, tokenizer, tasks, cfg, sampling, NoSearch())
     ]
     print(runs[-1].row(baseline), flush=True)
     tune_environment()
     runs.append(
         await vllm_run(
-            "vLLM, tuned (eager, 2 cores, iomp)", settings, tokenizer, tasks, cfg, sampling, NoSearch()
+            "vLLM, tuned (eager, 2 cores, iomp)", settings, model, tokenizer, tasks, cfg, sampling, NoSearch()
         )
     )
     print(runs[-1].row(baseline), flush=True)
@@ -253,7 +254,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.compile:
         tuned = dataclasses.replace(settings, enforce_eager=False)
         runs.append(
-            await vllm_run("vLLM, tuned + torch.compile", tuned, tokenizer, tasks, cfg, sampling, NoSearch())
+            await vllm_run("vLLM, tuned + torch.compile", tuned, model, tokenizer, tasks, cfg, sampling, NoSearch())
         )
         print(runs[-1].row(baseline), flush=True)
 
@@ -269,7 +270,7 @@ async def main(args: argparse.Namespace) -> None:
     for mode in (Mode.SINGLE, Mode.MULTI):
         search = RetrieverSearch(args.retriever_address, top_k=3, timeout=30)
         mode_tasks = [dataclasses.replace(t, mode=mode) for t in tasks]
-        run = await vllm_run(mode.value, tuned, tokenizer, mode_tasks, cfg, sampling, search)
+        run = await vllm_run(mode.value, tuned, model, tokenizer, mode_tasks, cfg, sampling, search)
         await search.close()
         n = len(run.trajectories)
         rounds = sum(t.retrieval_rounds for t in run.trajectories) / n

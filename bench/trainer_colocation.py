@@ -48,12 +48,12 @@ class Generator:
         self.batch, self.max_tokens = batch, tokens
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        settings = EngineSettings(model=model_dir, max_model_len=2048, kv_cache_gib=1)
-        self.engine: VllmEngine = asyncio.run_coroutine_threadsafe(self._start(settings), self.loop).result()
+        settings = EngineSettings(max_model_len=2048, kv_cache_gib=1)
+        self.engine: VllmEngine = asyncio.run_coroutine_threadsafe(self._start(settings, model_dir), self.loop).result()
         asyncio.run_coroutine_threadsafe(self._generate_forever(), self.loop)
 
-    async def _start(self, settings: EngineSettings) -> VllmEngine:
-        return VllmEngine.start(settings)
+    async def _start(self, settings: EngineSettings, model_dir: Path) -> VllmEngine:
+        return VllmEngine.start(settings, model_dir)
 
     async def _generate_forever(self) -> None:
         prompt = list(range(1000, 1300))  # a 300-token prompt, like a question with its instructions

@@ -132,3 +132,13 @@ def test_every_results_page_is_reached_from_the_results_index() -> None:
     pages = sorted(p.name for p in results.glob("*.md") if p.name != "index.md")
     assert pages, "no results pages"
     assert [p for p in pages if f"]({p})" not in index] == []
+
+
+def test_the_code_map_names_every_top_level_module_and_folder() -> None:
+    """docs/architecture.md's "Where the code lives" names each entry of ragr1/ (a module or a folder)."""
+    text = (docgen.ROOT / "docs" / "architecture.md").read_text()
+    code_map = text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
+    package = docgen.ROOT / "ragr1"
+    entries = {p.name for p in package.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    missing = {name for name in entries if f"`ragr1/{name}" not in code_map}
+    assert not missing, f"docs/architecture.md's code map leaves out {sorted(missing)}"

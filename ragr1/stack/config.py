@@ -57,11 +57,7 @@ class UpConfig(StackConfig):
     auth: bool = setting(
         False, "a random bearer token on every gRPC call and a Redis password, in files under run_dir/secrets"
     )
-    max_restarts: int = setting(
-        RestartPolicy.max_restarts,
-        f"restarts of a service that dies (with backoff) within {RestartPolicy.window_seconds:.0f} s before the "
-        "stack stops; 0: stop at the first death",
-    )
+    max_restarts: int = same_as(RestartPolicy, "max_restarts")
 
     def validate(self) -> None:
         super().validate()

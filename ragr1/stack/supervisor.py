@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ragr1.services.common.config import setting
 from ragr1.services.common.ports import port_in_use
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer
@@ -39,8 +40,9 @@ class ServiceSpec:
     args: list[str]
     port: int
     metrics_port: int
+    # The stack's start_timeout setting (its one default is there).
+    start_timeout: float
     host: str = "127.0.0.1"
-    start_timeout: float = 300.0
     # Other endpoints a user may want (e.g. the router's HTTP endpoint), name -> URL.
     extra: dict[str, str] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -50,13 +52,19 @@ class ServiceSpec:
         return f"{self.host}:{self.port}"
 
 
+RESTART_WINDOW_SECONDS = 600.0
+
+
 @dataclasses.dataclass
 class RestartPolicy:
     """When a dead service is started again. More than ``max_restarts`` restarts of one service within
     ``window_seconds`` means it will keep dying: the supervisor gives up (0: give up at the first death)."""
 
-    max_restarts: int = 5
-    window_seconds: float = 600.0
+    max_restarts: int = setting(
+        5, f"restarts of a service that dies (with backoff) within {RESTART_WINDOW_SECONDS:.0f} s before the "
+        "stack stops; 0: stop at the first death",
+    )
+    window_seconds: float = RESTART_WINDOW_SECONDS
     # The n-th restart within the window waits first_backoff * 2**(n-1) seconds, at most max_backoff.
     first_backoff: float = 1.0
     max_backoff: float = 30.0

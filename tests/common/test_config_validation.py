@@ -41,6 +41,10 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (PPOConfig, {"weights_timeout_seconds": "-1"}, "weights_timeout_seconds"),
     (SFTConfig, {"micro_batch_size": "0"}, "micro_batch_size"),
     (SFTConfig, {"device": "tpu"}, "device"),
+    (SFTConfig, {"lora_rank": "-1"}, "lora_rank"),
+    (PPOConfig, {"lora_rank": "-1"}, "lora_rank"),
+    (PolicyConfig, {"gpu_memory_utilization": "1.5"}, "gpu_memory_utilization"),
+    (PolicyConfig, {"mode": "both"}, "search mode"),
 ]
 
 

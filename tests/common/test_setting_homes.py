@@ -8,9 +8,11 @@ different setting there, each listed below with why.
 
 from __future__ import annotations
 
+import ast
 import collections
 import dataclasses
 import inspect
+from pathlib import Path
 
 from ragr1.docgen.settings import commands
 from ragr1.services.common.config import home_of, section_of
@@ -47,6 +49,54 @@ DISTINCT = {
     "ef_search": "a build's HNSW search beam; an import keeps the source index's unless set",
     "policy_replicas": "`ragr1 scale` has no default: a forgotten flag must not scale a running stack down to 1",
 }
+
+
+# Dataclass fields of the package that share a setting's name but are data, not settings: no command reads
+# them from a flag, and no setting's default is copied into them.
+RECORDS = {
+    "Action.queries": "the queries of a parsed <search>",
+    "ChannelOptions.max_message_bytes": "a client's channel option, from the process's RAGR1_CLIENT_* variables "
+    "(no command's setting), with the servers' default constant",
+    "Sampling.seed": "one request's sampling seed (None: unseeded); the engine's seed is EngineSettings'",
+    "Task.mode": "a task's own search mode (None: the loop's)",
+    "Trajectory.mode": "the mode a trajectory ran in",
+    "EncoderSettings.max_query_tokens": "an encoder preset's lengths (a build's or import's setting overrides them)",
+    "EncoderSettings.max_passage_tokens": "an encoder preset's lengths (a build's setting overrides them)",
+    "SourceFile.hnsw_m": "read from an imported FAISS file",
+    "SourceFile.ef_search": "read from an imported FAISS file",
+    "Hit.shard": "the shard a search hit came from",
+    "Parts.format": "a trajectory's format score",
+    "Sample.temperature": "the temperature a rollout was sampled at",
+    "ServiceSpec.host": "where a service of the local stack listens (the stack sets it)",
+}
+PACKAGE = Path(__file__).resolve().parents[2] / "ragr1"
+# How a field that is a setting is defined: its own definition, another's (same_as), a section.
+DEFINERS = {"setting", "same_as", "section"}
+
+
+def is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(decorator) for decorator in node.decorator_list)
+
+
+def defaults_outside_settings(names: set[str]) -> dict[str, str]:
+    """``Class.field`` -> where, for every dataclass field of the package named like a setting whose default
+    is written outside ``setting()``: a second home of that setting's default (the mirrors issue 42 removed),
+    or a record that happens to share the name."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "v1" in path.relative_to(PACKAGE).parts:  # generated protobuf stubs
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ClassDef) and is_dataclass(node)):
+                continue
+            for item in node.body:
+                if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value):
+                    continue
+                value = item.value
+                defined = isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in DEFINERS
+                if item.target.id in names and not defined:
+                    found[f"{node.name}.{item.target.id}"] = f"{path.relative_to(PACKAGE.parent)}:{item.lineno}"
+    return found
 
 
 def definitions() -> dict[str, set[str]]:
@@ -89,3 +139,32 @@ def test_a_setting_shared_by_commands_is_defined_once() -> None:
     # Nothing listed that no longer needs the excuse.
     assert set(DISTINCT) <= set(several), set(DISTINCT) - set(several)
 
+
+
+def test_no_core_class_keeps_its_own_default_of_a_setting() -> None:
+    """The services' core classes (the loop, the engine, sampling, limits, the reward's parts, the index spec,
+    the router's limits, the restart policy) define the settings they read with ``setting()``, and the
+    commands take those definitions: a default written again elsewhere is a mirror, which this finds."""
+    found = defaults_outside_settings(set(definitions()))
+    mirrors = {name: where for name, where in found.items() if name not in RECORDS}
+    assert not mirrors, "define the setting once with setting() and take that field, or say in RECORDS why not"
+    assert set(RECORDS) <= set(found), set(RECORDS) - set(found)
+
+
+def test_the_services_core_classes_are_the_homes_of_their_settings() -> None:
+    """Where a service config's settings are defined: the core's classes, not the config."""
+    homes = definitions()
+    expected = {
+        "max_turns": "ragr1.services.policy.agent.LoopConfig",
+        "max_model_len": "ragr1.services.policy.agent.ContextSettings",
+        "max_tokens_per_turn": "ragr1.services.policy.agent.SamplingSettings",
+        "kv_cache_gib": "ragr1.services.policy.engine.EngineSettings",
+        "max_question_chars": "ragr1.services.policy.runtime.RolloutLimits",
+        "em_weight": "ragr1.services.reward.scoring.Composition",
+        "max_response_chars": "ragr1.services.reward.scoring.ScoreLimits",
+        "tags": "ragr1.services.reward.format_check.FormatWeights",
+        "pq_m": "ragr1.services.retriever.index.IndexParams",
+        "max_top_k": "ragr1.services.retriever.router.SearchLimits",
+        "max_restarts": "ragr1.stack.supervisor.RestartPolicy",
+    }
+    assert {name: homes[name] for name in expected} == {name: {home} for name, home in expected.items()}

@@ -14,7 +14,7 @@ import helm_python
 import pytest
 import yaml
 
-from ragr1.services.common.config import add_arguments, load
+from ragr1.services.common.config import add_arguments, load, settings_of
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
@@ -66,7 +66,7 @@ def settings(cls: type, argv: list[str], variables: dict[str, Any]) -> Any:
     parser = argparse.ArgumentParser()
     add_arguments(parser, cls)
     args = parser.parse_args(argv)
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    overrides = {name: getattr(args, name) for name, _, _ in settings_of(cls)}
     strings = {k: v for k, v in variables.items() if isinstance(v, str)}
     return load(cls, env=strings, overrides=overrides)
 
@@ -119,8 +119,9 @@ def test_every_setting_of_every_service_agrees(compose: dict[str, Any], chart: A
         assert variables["RAGR1_CLIENT_TOKEN_FILE"] == variables["RAGR1_AUTH_TOKEN_FILE"], side
     if isinstance(on_compose, QueueConfig):  # Redis AUTH on both sides, each its own way
         assert on_compose.redis_password_file and re.match(r"redis://:[^@]+@", on_chart.redis_url)
-    if cls is RouterConfig:
-        assert len(on_compose.shards) == len(on_chart.shards)
+    if cls is RouterConfig:  # compose names every shard of the index with one address
+        count = len(on_chart.shards)
+        assert len(on_compose.shard_addresses(count)) == len(on_chart.shard_addresses(count)) == count
     for name in ("retriever_address", "reward_address"):
         if hasattr(on_compose, name):
             assert getattr(on_compose, name).rsplit(":")[-1] == getattr(on_chart, name).rsplit(":")[-1]
@@ -162,10 +163,13 @@ def test_images_index_and_scratch_space_agree(compose: dict[str, Any], chart: An
     def option(argv: list[str], flag: str, default: str) -> str:
         return argv[argv.index(flag) + 1] if flag in argv else default
 
-    for flag, default in (("--num-shards", "1"), ("--index-type", "flat"), ("--encoder", DEFAULT_ENCODER)):
+    for flag, default in (("--index-type", "flat"), ("--encoder", DEFAULT_ENCODER)):
         assert option(index["chart"], flag, default).strip('"') == option(index["compose"], flag, default), flag
-    assert int(option(index["compose"], "--num-shards", "1")) == sum(
-        s.startswith("retriever-shard-") for s in compose)
+    # Compose says its shard count once, in the index build's environment (docker-compose.yml's x-num-shards).
+    shards = compose["index-build"]["environment"]["RAGR1_NUM_SHARDS"]
+    assert "--num-shards" not in index["compose"]
+    assert option(index["chart"], "--num-shards", "1").strip('"') == shards
+    assert int(shards) == sum(s.startswith("retriever-shard-") for s in compose)
 
     # A writable, executable /tmp in every ragr1 container: inductor loads what it compiles from there.
     for service in SERVICES:

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from ragr1.cli import build_parser
-from ragr1.services.common.config import ENV_PREFIX
+from ragr1.services.common.config import ENV_PREFIX, settings_of
 from tests.deploy.charts import EVERYTHING_ON, NAMESPACE
 from tests.deploy.compose import config as compose_config
 from tests.deploy.conftest import CHART, ragr1_invocations
@@ -255,7 +255,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def fields(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+    """Every setting of ``cls``, a section's by its dotted name (``format_weights.tags``)."""
+    return {name for name, _, _ in settings_of(cls)}
+
+
+def env_field(name: str) -> str:
+    """The setting a ``RAGR1_*`` variable sets (``RAGR1_FORMAT_WEIGHTS__TAGS``: ``format_weights.tags``)."""
+    return name.removeprefix(ENV_PREFIX).lower().replace("__", ".")
 
 
 @functools.cache
@@ -325,7 +331,7 @@ def problems(found: dict[str, Site], allowed: Collection[tuple[str, str]] = ()) 
         for cmd in site.commands:
             out += [f"{where}: {cmd.name}: {word} is no field of {cmd.config.__name__}" for word in cmd.wrong]
         for name in site.env:
-            field = name.removeprefix(ENV_PREFIX).lower()
+            field = env_field(name)
             if name not in PROCESS_ENV and (where, name) not in allowed and not any(
                     field in fields(c.config) for c in site.commands):
                 out.append(f"{where}: {name} is no field of {sorted({c.config.__name__ for c in site.commands})}")
@@ -344,7 +350,7 @@ def differences(before: dict[str, Site], after: dict[str, Site]) -> set[tuple[st
             out |= {(b.name, f) for f in a.flags.keys() | b.flags.keys() if a.flags.get(f) != b.flags.get(f)}
         for name in old.env.keys() | new.env.keys():
             if old.env.get(name) != new.env.get(name):
-                field = name.removeprefix(ENV_PREFIX).lower()
+                field = env_field(name)
                 if name in PROCESS_ENV:
                     out.add((PROCESS, field))
                 out |= {(c.name, field) for c in new.commands if field in fields(c.config)}

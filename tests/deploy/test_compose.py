@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ragr1.services.common import ports
+from ragr1.services.retriever.config import RouterConfig
 from tests.deploy.compose import config
 from tests.deploy.conftest import ROOT, tool
 
@@ -68,10 +69,24 @@ def test_start_order_waits_for_what_each_service_needs(stack: dict[str, Any]) ->
     assert needs("trainer") == {"redis": "service_healthy", "policy": "service_healthy"}
 
 
+def test_the_shard_count_is_said_once(stack: dict[str, Any]) -> None:
+    """x-num-shards: the index build's count (its environment), one shard service for each shard number, and
+    the router's one address for every shard of the index."""
+    services = stack["services"]
+    count = int(services["index-build"]["environment"]["RAGR1_NUM_SHARDS"])
+    shards = sorted(name for name in services if name.startswith("retriever-shard-"))
+    assert shards == [f"retriever-shard-{i}" for i in range(count)]
+    for i, name in enumerate(shards):
+        command = services[name]["command"]
+        assert command[command.index("--shard") + 1] == str(i), name
+    assert set(services["retriever"]["depends_on"]) == set(shards)
+    router = services["retriever"]["command"]
+    config = RouterConfig(index="/index", shards=router[router.index("--shards") + 1].split(","))
+    assert config.shard_addresses(count) == [f"{name}:{ports.RETRIEVER_SHARD}" for name in shards]
+
+
 def test_router_reaches_every_shard_and_policy_its_dependencies(stack: dict[str, Any]) -> None:
     router = stack["services"]["retriever"]["command"]
-    shards = router[router.index("--shards") + 1].split(",")
-    assert shards == [f"retriever-shard-{i}:{ports.RETRIEVER_SHARD}" for i in range(2)]
     assert router[router.index("--http-port") + 1] == str(ports.RETRIEVER_HTTP)
     policy = stack["services"]["policy"]["command"]
     assert policy[policy.index("--retriever-address") + 1] == f"retriever:{ports.RETRIEVER}"

@@ -42,7 +42,7 @@ def run(
     search = search or ScriptedSearch()
     loop = AgentLoop(engine, search, tokenizer, LoopConfig(**config))
     tasks = tasks or [Task(f"t{i}", q) for i, q in enumerate(script)]
-    out = asyncio.run(loop.run(tasks, Sampling(max_tokens=64), version=7))
+    out = asyncio.run(loop.run(tasks, Sampling(max_tokens_per_turn=64), version=7))
     return out, engine, search
 
 
@@ -95,7 +95,7 @@ def test_query_cap_limits_what_the_retriever_sees(tokenizer: Any) -> None:
 
 def test_single_query_mode_sends_the_whole_query(tokenizer: Any) -> None:
     script = {"q single": ["<search> a, b </search>", "<answer> x </answer>"]}
-    out, _, search = run(tokenizer, script, mode=Mode.SINGLE)
+    out, _, search = run(tokenizer, script, mode="single")
     assert search.calls[0][0] == ["a, b"]
     prompt = tokenizer.decode(out[0].prompt_ids)
     assert "<search> query </search>" in prompt and "<|im_start|>assistant\n" in prompt
@@ -140,7 +140,7 @@ def test_retriever_timeout_never_hangs(tokenizer: Any) -> None:
 
 def test_information_is_cut_per_query_in_single_mode_too(tokenizer: Any) -> None:
     script = {"q big": ["<search> Hamlet author </search>", "<answer> x </answer>"]}
-    out, _, _ = run(tokenizer, script, ScriptedSearch(top_k=20), tokens_per_query=30, mode=Mode.SINGLE)
+    out, _, _ = run(tokenizer, script, ScriptedSearch(top_k=20), tokens_per_query=30, mode="single")
     t = out[0]
     inserted = sum(1 for m in t.loss_mask if m == 0)
     wrappers = len(tokenizer.encode("\n<information>\n", add_special_tokens=False)) + len(
@@ -246,7 +246,7 @@ def test_every_end_of_sequence_id_of_the_generation_config_is_dropped_before_the
     token = GenerationConfig.from_pretrained(str(two_eos_model)).eos_token_id[which]
     script = {"q eos": ["I am not sure.", "<answer> x </answer>"]}
     loop = AgentLoop(EndsOnStopToken(tokenizer, script, token), ScriptedSearch(), tokenizer, LoopConfig())
-    (t,) = asyncio.run(loop.run([Task("e", "q eos")], Sampling(max_tokens=64), version=0))
+    (t,) = asyncio.run(loop.run([Task("e", "q eos")], Sampling(max_tokens_per_turn=64), version=0))
     assert t.status is TrajectoryStatus.ANSWERED and t.invalid_actions == 1
     assert token not in t.response_ids  # nothing is trained after the model's own end of turn
     first = tokenizer.encode("I am not sure.", add_special_tokens=False)

@@ -39,7 +39,7 @@ def test_loop_replaying_an_sft_trajectory_produces_its_token_ids(tokenizer: Any,
 
     script = {item.question: [text for text, generated in pieces if generated]}
     loop = AgentLoop(ScriptedEngine(tokenizer, script), GoldSearch(item), tokenizer, config)
-    (t,) = asyncio.run(loop.run([Task("q", item.question, mode)], Sampling(max_tokens=256), version=0))
+    (t,) = asyncio.run(loop.run([Task("q", item.question, mode)], Sampling(max_tokens_per_turn=256), version=0))
 
     assert t.status is TrajectoryStatus.ANSWERED
     assert t.prompt_ids == expected.prompt_ids

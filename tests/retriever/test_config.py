@@ -9,8 +9,9 @@ import pytest
 
 from ragr1.cli import main
 from ragr1.services.common import config
-from ragr1.services.retriever.config import BuildConfig, PlanConfig
-from ragr1.services.retriever.index import IndexSpec
+from ragr1.services.common.config import part_of
+from ragr1.services.retriever.config import BuildConfig, PlanConfig, RouterConfig
+from ragr1.services.retriever.index import IndexParams, IndexSpec
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_a_bad_setting_is_refused_naming_it(
 
 def test_build_defaults_are_the_index_s_own() -> None:
     built = BuildConfig(store="s", out="i")
-    assert built.index_spec() == IndexSpec()
+    assert part_of(IndexSpec, built, IndexParams) == IndexSpec()
     assert built.encoder_settings().max_passage_tokens > 0  # 0 keeps the preset's length
 
 
@@ -51,3 +52,12 @@ def test_plan_lists_come_from_every_layer(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text('{"index_type": ["flat", "hnsw"]}')
     loaded = config.load(PlanConfig, file=tmp_path / "plan.json", env={"RAGR1_SHARD_COUNTS": "2, 16"})
     assert (loaded.index_type, loaded.shard_counts) == (["flat", "hnsw"], [2, 16])
+
+
+def test_one_shard_address_with_its_number_left_open_names_every_shard_of_the_index() -> None:
+    router = RouterConfig(index="i", shards=["retriever-shard-{shard}:50061"])
+    assert router.shard_addresses(3) == [f"retriever-shard-{i}:50061" for i in range(3)]
+    listed = RouterConfig(index="i", shards=["a:1", "b:1"])
+    assert listed.shard_addresses(3) == ["a:1", "b:1"]  # the server refuses the count that does not match
+    with pytest.raises(ValueError, match="not both"):
+        RouterConfig(index="i", shards=["a:1", "shard-{shard}:1"])

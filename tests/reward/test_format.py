@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ragr1.protocol.grammar import Span, SpanKind, parse_response
 from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK
 from ragr1.services.reward.format_check import FormatWeights, check_format
-from ragr1.services.reward.scoring import Composition, RewardScorer, RewardSettings, ScoreInput
+from ragr1.services.reward.scoring import RewardScorer, RewardSettings, ScoreInput
 
 # Search-R1's instruction prompt carries an example answer; its scorer searched prompt + response.
 PROMPT = (
@@ -147,8 +147,7 @@ def _never_answered() -> list[Span]:
 def test_feedback_text_is_never_scored_as_an_answer(scheme: str) -> None:
     """The feedback quotes "<answer> and </answer>": a trajectory that never answered must not be scored
     as answering "and" (which passed the format's answer check and earned 0.1 under Search-R1's v0.3)."""
-    composition = Composition.search_r1_v03() if scheme == "search_r1_v03" else Composition()
-    scorer = RewardScorer(RewardSettings(composition=composition))
+    scorer = RewardScorer(RewardSettings.search_r1_v03() if scheme == "search_r1_v03" else RewardSettings())
     parts = scorer.score(ScoreInput(spans=_never_answered(), golden_answers=["and"]))
     assert parts.extracted_answer == "" and parts.exact_match == 0.0 and parts.total == 0.0
     assert {"no_answer_tag", "invalid_action"} <= set(parts.reasons)

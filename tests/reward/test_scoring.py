@@ -19,7 +19,6 @@ from ragr1.services.reward.scoring import (
     RewardScorer,
     RewardSettings,
     ScoreInput,
-    ScoreLimits,
 )
 from ragr1.shipped import read_jsonl, train_path
 
@@ -109,14 +108,13 @@ def test_lexical_relevance_mixes_into_the_process_score() -> None:
 
 
 def test_weighted_composition() -> None:
-    weights = Composition(em_weight=0.5, f1_weight=0.2, format_weight=0.2, process_weight=0.1)
-    settings = RewardSettings(weights)
+    settings = RewardSettings(em_weight=0.5, f1_weight=0.2, format_weight=0.2, process_weight=0.1)
     parts = RewardScorer(settings).score(ScoreInput(_trajectory("the Eiffel Tower") + " !", ["Eiffel Tower"]))
     assert (parts.exact_match, parts.f1, parts.format, parts.process) == (1.0, 1.0, 0.75, 0.0)
     assert parts.total == pytest.approx(0.5 + 0.2 + 0.2 * 0.75)
 
 
-V03 = RewardSettings(Composition.search_r1_v03())
+V03 = RewardSettings.search_r1_v03()
 
 
 @pytest.mark.parametrize(
@@ -153,14 +151,14 @@ def test_a_turn_answered_by_the_invalid_action_feedback_makes_the_format_invalid
 
 
 def test_search_r1_v03_retrieval_bonus() -> None:
-    settings = RewardSettings(Composition(scheme="search_r1_v03", retrieval_score=0.1))
+    settings = RewardSettings(scheme="search_r1_v03", retrieval_score=0.1)
     response = "<think>a</think><search>q</search><information>Paris is big.</information>" + \
         "<think>b</think><answer>Lyon</answer>"
     assert RewardScorer(settings).score(ScoreInput(response, ["Paris"])).total == pytest.approx(0.3)
 
 
 def test_unknown_scheme_is_refused() -> None:
-    with pytest.raises(ValueError, match="reward scheme"):
+    with pytest.raises(ValueError, match="scheme must be one of"):
         Composition(scheme="magic")
 
 
@@ -178,7 +176,7 @@ def test_unknown_scheme_is_refused() -> None:
     ],
 )
 def test_bad_items_get_zero_and_a_reason(item: ScoreInput, reason: str) -> None:
-    parts = RewardScorer(RewardSettings(limits=ScoreLimits(max_response_chars=2000))).score(item)
+    parts = RewardScorer(RewardSettings(max_response_chars=2000)).score(item)
     assert parts.exact_match == 0.0
     assert parts.total == 0.0
     assert reason in parts.reasons
@@ -196,7 +194,7 @@ def test_broken_unicode_is_scored() -> None:
 
 
 def test_missing_gold_keeps_the_total_at_zero_in_every_scheme() -> None:
-    for settings in (V03, RewardSettings(Composition(em_weight=0, format_weight=1))):
+    for settings in (V03, RewardSettings(em_weight=0, format_weight=1)):
         parts = RewardScorer(settings).score(ScoreInput(_trajectory("Paris"), []))
         assert parts.total == 0.0
         assert parts.format == 1.0
@@ -214,7 +212,7 @@ _any_text = st.lists(
 
 @given(_any_text, st.lists(_any_text, max_size=3), st.lists(_any_text, max_size=2))
 def test_any_input_gets_a_defined_score(response: str, golds: list[str], titles: list[str]) -> None:
-    settings = RewardSettings(Composition(em_weight=1, f1_weight=1, format_weight=1, process_weight=1))
+    settings = RewardSettings(em_weight=1, f1_weight=1, format_weight=1, process_weight=1)
     parts = RewardScorer(settings).score(ScoreInput(response, golds, titles))
     for value in (parts.exact_match, parts.f1, parts.format, parts.process):
         assert 0.0 <= value <= 1.0
@@ -224,7 +222,7 @@ def test_any_input_gets_a_defined_score(response: str, golds: list[str], titles:
 
 
 def test_malformed_batches_are_refused() -> None:
-    scorer = RewardScorer(RewardSettings(limits=ScoreLimits(max_items=2, max_rounds=4)))
+    scorer = RewardScorer(RewardSettings(max_items=2, max_rounds=4))
     with pytest.raises(InvalidArgument, match="3 items in one request, the limit is 2"):
         scorer.score_batch([ScoreInput("a")] * 3)
     with pytest.raises(InvalidArgument, match=r"items\[1\].retrieved_rounds: round 4 is outside \[0, 4\)"):

@@ -51,10 +51,10 @@ QUESTIONS = [
 def engine() -> Iterator[tuple[VllmEngine, asyncio.AbstractEventLoop]]:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     loop = asyncio.new_event_loop()
-    settings = EngineSettings(model=prepare_policy_model(), dtype="float32", max_model_len=1024, kv_cache_gib=1)
+    settings = EngineSettings(dtype="float32", max_model_len=1024, kv_cache_gib=1)
 
     async def start() -> VllmEngine:
-        return VllmEngine.start(settings)
+        return VllmEngine.start(settings, prepare_policy_model())
 
     vllm = loop.run_until_complete(start())
     try:
@@ -85,12 +85,12 @@ def sample(
     engine: tuple[VllmEngine, asyncio.AbstractEventLoop], ids: list[list[int]], seed: int, version: int, tag: str
 ) -> list[common_pb2.Rollout]:
     vllm, loop = engine
-    sampling = Sampling(temperature=TEMPERATURE, top_p=1.0, max_tokens=48)
+    sampling = Sampling(temperature=TEMPERATURE, top_p=1.0, max_tokens_per_turn=48)
     requests = [GenerationRequest(p, 48, seed + i) for i, p in enumerate(ids)]
     generations = loop.run_until_complete(vllm.generate(requests, sampling, ()))
     # What the agent loop relies on to drop the token that ended a turn: a generation that vLLM stopped on
     # a token (no stop strings here) says so, and that token, one its generation config lists, is last.
-    stop_ids = end_of_sequence_ids(vllm.settings.model)
+    stop_ids = end_of_sequence_ids(vllm.model)
     rollouts = []
     for i, (prompt, g) in enumerate(zip(ids, generations, strict=True)):
         assert g.token_ids, "the engine generated nothing"
@@ -117,7 +117,7 @@ def test_tempered_log_probs_equal_vllms_processed_log_probs(
 ) -> None:
     model = PolicyModel(prepare_policy_model(), bf16=False)
     rollouts = sample(engine, prompts(model.tokenizer), seed=1, version=0, tag="t")
-    stop_ids = end_of_sequence_ids(engine[0].settings.model)
+    stop_ids = end_of_sequence_ids(engine[0].model)
     assert any(r.response_token_ids[-1] in stop_ids for r in rollouts), "no answer ended on its own"
     samples = [to_sample(r) for r in rollouts]
     batch = collate([s.sequence for s in samples], model.pad_id, [s.temperature for s in samples])

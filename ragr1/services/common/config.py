@@ -72,6 +72,13 @@ def same_as(cls: type, name: str) -> Any:
     return dataclasses.field(default=f.default, metadata=metadata)
 
 
+def part_of(cls: type[T], config: object, fields_of: type | None = None) -> T:
+    """A ``cls`` made of ``config``'s values of ``fields_of``'s fields (``cls``'s by default), for a config
+    that is a ``fields_of`` among others: the policy's config is its default sampling, too."""
+    names = [f.name for f in dataclasses.fields(fields_of or cls)]
+    return cls(**{name: getattr(config, name) for name in names})
+
+
 def home_of(cls: type, name: str) -> type:
     """The class whose field definition gives ``cls``'s setting ``name`` its default and help."""
     for klass in cls.__mro__:

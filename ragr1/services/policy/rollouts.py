@@ -45,7 +45,7 @@ def sampling_params(sampling: Sampling) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        max_tokens=sampling.max_tokens,
+        max_tokens=sampling.max_tokens_per_turn,
         seed=sampling.seed or 0,
         stop=list(sampling.stop),
     )

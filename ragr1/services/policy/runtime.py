@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ragr1.protocol.prompts import Tokenizer, chat_prompt_ids
+from ragr1.services.common.config import Validated, check_at_least, setting
 from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
@@ -40,10 +41,16 @@ class ReloadableEngine(Engine, Protocol):
     async def reload_weights(self, checkpoint: Path) -> None: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class RolloutLimits:
-    max_batch: int = 64
-    max_question_chars: int = 4096
+@dataclasses.dataclass
+class RolloutLimits(Validated):
+    """What one request may ask for (the policy's config is one)."""
+
+    max_batch: int = setting(64, "most tasks or prompts per request")
+    max_question_chars: int = setting(4096, "longest question accepted")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_batch", 1), ("max_question_chars", 1)))
 
 
 class Policy:
@@ -93,7 +100,7 @@ class Policy:
         return Sampling(
             temperature=temperature,
             top_p=top_p or base.top_p,
-            max_tokens=max_tokens or base.max_tokens,
+            max_tokens_per_turn=max_tokens or base.max_tokens_per_turn,
             seed=seed or None,
             stop=tuple(stop),
         )
@@ -155,7 +162,7 @@ class Policy:
             ids = chat_prompt_ids(self.tokenizer, prompt) if chat else self.tokenizer.encode(prompt)
             self._check_prompt(f"prompts[{i}]", ids)
             room = self.loop.config.max_model_len - len(ids)
-            requests.append(GenerationRequest(ids, min(sampling.max_tokens, room), sampling.seed))
+            requests.append(GenerationRequest(ids, min(sampling.max_tokens_per_turn, room), sampling.seed))
         start = time.perf_counter()
         async with self.gate.rollout() as version:
             generations = await self.engine.generate(requests, sampling, sampling.stop)

@@ -14,6 +14,7 @@ from ragr1.model_paths import policy_checkpoint
 from ragr1.protocol.prompts import Tokenizer
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
+from ragr1.services.policy.agent import Sampling
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
@@ -77,7 +78,7 @@ def build_worker(
         scorer,
         prompts,
         rollouts,
-        config.default_sampling(),
+        Sampling.of(config),
         batch=config.worker_batch,
         block_ms=config.worker_block_ms,
         reclaim_idle_ms=config.reclaim_idle_ms,
@@ -95,7 +96,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
 
     path = policy_checkpoint(config.model)
     tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(str(path)))
-    engine = VllmEngine.start(config.engine_settings(path))
+    engine = VllmEngine.start(config, path)
     search = RetrieverSearch(
         config.retriever_address,
         top_k=config.top_k,
@@ -107,10 +108,10 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         engine,
         tokenizer,
         search,
-        config.loop_config(),
+        config,
         model_dir=path,
-        default_sampling=config.default_sampling(),
-        limits=config.limits(),
+        default_sampling=Sampling.of(config),
+        limits=config,
         in_flight=config.in_flight_policy(),
         engine_seed=config.seed,
     )

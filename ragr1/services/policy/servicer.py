@@ -76,7 +76,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
         if self._commit is None:
             self._commit = await asyncio.to_thread(code_commit)
         reply = policy_pb2.PolicyInfoResponse(
-            mode=SEARCH_MODES[cfg.mode],
+            mode=SEARCH_MODES[cfg.search_mode],
             max_turns=cfg.max_turns,
             max_queries_per_search=cfg.max_queries_per_search,
             query_separator=cfg.query_separator,

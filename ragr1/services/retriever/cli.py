@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.services.common.commands import command, service
+from ragr1.services.common.config import part_of
 from ragr1.services.retriever.config import (
     BuildConfig,
     ImportConfig,
@@ -34,13 +35,14 @@ def _ingest(config: IngestConfig) -> int:
 def _build(config: BuildConfig) -> int:
     from ragr1.services.retriever.build import build_index
     from ragr1.services.retriever.corpus import PassageStore
+    from ragr1.services.retriever.index import IndexParams, IndexSpec
 
     path = build_index(
         PassageStore(Path(config.store)),
         config.encoder_settings(),
         Path(config.out),
         num_shards=config.num_shards,
-        spec=config.index_spec(),
+        spec=part_of(IndexSpec, config, IndexParams),
         gpu=config.gpu,
         embeddings_dir=Path(config.embeddings_dir) if config.embeddings_dir else None,
         chunk_size=config.chunk_size,

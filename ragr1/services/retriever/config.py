@@ -21,19 +21,15 @@ from ragr1.services.retriever.encoder import (
 )
 from ragr1.services.retriever.families import FAMILIES, SEARCH_R1_QUERY_TOKENS
 from ragr1.services.retriever.importer import DEFAULT_CHUNK_ROWS
-from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexSpec
+from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexParams
+from ragr1.services.retriever.router import FAILURE_MODES, SearchLimits
 
 CHECKSUM_MODES = ("start", "background", "off")
-# What the router does when a shard is down or late (RouterConfig.on_shard_failure).
-FAILURE_MODES = ("unavailable", "partial")
 
 
 def require_index(index: str) -> None:
     if not index:
         raise ValueError("index is required (--index): the index directory or its manifest.json")
-
-
-_SPEC = IndexSpec()
 
 
 def _encoder_settings(encoder: str, backend: str, max_passage_tokens: int) -> EncoderSettings:
@@ -68,15 +64,12 @@ class IngestConfig(Validated):
 
 
 @dataclasses.dataclass
-class BuildConfig(Validated):
+class BuildConfig(IndexParams):
     """``ragr1 index build``."""
 
     store: str = setting("", "passage store from `ragr1 corpus ingest` (required)")
     out: str = setting("", "index directory (required)")
     num_shards: int = setting(1, "how many shard files the index is split into")
-    index_type: str = setting(
-        _SPEC.index_type, f"one of {', '.join(INDEX_TYPES)} (flat: exact inner product; the others compress)"
-    )
     encoder: str = setting(DEFAULT_ENCODER, f"preset ({', '.join(PRESETS)}), a hub id or a model directory")
     max_passage_tokens: int = setting(0, "override the preset's passage length; 0 keeps it")
     encoder_backend: str = setting(
@@ -87,12 +80,6 @@ class BuildConfig(Validated):
     gpu: str = setting("auto", f"build on GPUs when FAISS sees them: {', '.join(GPU_MODES)}")
     embeddings_dir: str = setting("", "embedding chunks; empty: RAGR1_CACHE_DIR/embeddings/<store>-<encoder>")
     chunk_size: int = setting(DEFAULT_CHUNK_SIZE, "passages per saved chunk")
-    nlist: int = setting(_SPEC.nlist, "ivfpq: inverted lists")
-    pq_m: int = setting(_SPEC.pq_m, "ivfpq: bytes per vector")
-    pq_bits: int = setting(_SPEC.pq_bits, "ivfpq: bits per code")
-    nprobe: int = setting(_SPEC.nprobe, "ivfpq: lists searched")
-    hnsw_m: int = setting(_SPEC.hnsw_m, "hnsw: neighbours per node")
-    ef_search: int = setting(_SPEC.ef_search, "hnsw: search beam")
 
     def validate(self) -> None:
         super().validate()
@@ -100,17 +87,9 @@ class BuildConfig(Validated):
             raise ValueError("store is required: the passage store from `ragr1 corpus ingest`")
         if not self.out:
             raise ValueError("out is required: the directory the index is written to")
-        check_choice("index_type", self.index_type, INDEX_TYPES)
         check_choice("encoder_backend", self.encoder_backend, BACKENDS)
         check_choice("gpu", self.gpu, GPU_MODES)
-        check_at_least(self, (
-            ("num_shards", 1), ("max_passage_tokens", 0), ("chunk_size", 1), ("nlist", 1), ("pq_m", 1),
-            ("pq_bits", 1), ("nprobe", 1), ("hnsw_m", 2), ("ef_search", 1),
-        ))
-
-    def index_spec(self) -> IndexSpec:
-        return IndexSpec(self.index_type, nlist=self.nlist, pq_m=self.pq_m, pq_bits=self.pq_bits,
-                         nprobe=self.nprobe, hnsw_m=self.hnsw_m, ef_search=self.ef_search)
+        check_at_least(self, (("num_shards", 1), ("max_passage_tokens", 0), ("chunk_size", 1)))
 
     def encoder_settings(self) -> EncoderSettings:
         return _encoder_settings(self.encoder, self.encoder_backend, self.max_passage_tokens)
@@ -251,16 +230,16 @@ class ShardConfig(ServerConfig):
 
 
 @dataclasses.dataclass
-class RouterConfig(ServerConfig):
+class RouterConfig(SearchLimits, ServerConfig):
     port: int = setting(ports.RETRIEVER, "gRPC port")
     # The router reads the manifest: the encoder, the shards' facts.
     index: str = same_as(ShardConfig, "index")
-    shards: list[str] = setting(list, "shard addresses host:port, in shard order (comma-separated)", factory=True)
+    shards: list[str] = setting(
+        list, "shard addresses host:port, in shard order (comma-separated); or one address holding {shard}, "
+        "filled in with every shard number of the index (retriever-shard-{shard}:50061)", factory=True,
+    )
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")
-    max_queries: int = setting(512, "most queries in one call")
-    max_query_chars: int = setting(2048, "longest query, in characters")
-    max_top_k: int = setting(100, "largest top_k")
     timeout_s: float = setting(10.0, "deadline of a call that brings none (and cap of the caller's)")
     on_shard_failure: str = setting(
         "unavailable",
@@ -299,5 +278,13 @@ class RouterConfig(ServerConfig):
         if not self.shards:
             raise ValueError("shards is required (--shards host:port,...): the shard addresses in shard order")
         check_choice("on_shard_failure", self.on_shard_failure, FAILURE_MODES)
-        check_at_least(self, [(name, 1) for name in (
-            "max_queries", "max_query_chars", "max_top_k", "max_batch_rows", "encoder_workers")])
+        if len(self.shards) > 1 and any("{shard}" in s for s in self.shards):
+            raise ValueError("shards: a list of addresses, or one address holding {shard}, not both")
+        check_at_least(self, (("max_batch_rows", 1), ("encoder_workers", 1)))
+
+    def shard_addresses(self, num_shards: int) -> list[str]:
+        """The shards' addresses for an index of ``num_shards`` shards, so that a deployment names its shard
+        count once (docker-compose.yml: the index build's)."""
+        if len(self.shards) == 1 and "{shard}" in self.shards[0]:
+            return [self.shards[0].replace("{shard}", str(i)) for i in range(num_shards)]
+        return list(self.shards)

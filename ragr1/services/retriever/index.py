@@ -12,30 +12,46 @@ from typing import Any
 
 import numpy as np
 
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
+
 INDEX_TYPES = ("flat", "ivfpq", "hnsw")
 # Built indexes are inner product; imported ones keep their metric (L2: lower scores are better).
 METRICS = ("ip", "l2")
 GPU_MODES = ("auto", "never", "always")
 
 
-@dataclasses.dataclass(frozen=True)
-class IndexSpec:
-    index_type: str = "flat"
-    # IVF-PQ: inverted lists (capped by the training set size), sub-quantisers, bits each, lists probed.
-    nlist: int = 4096
-    pq_m: int = 64
-    pq_bits: int = 8
-    nprobe: int = 64
-    # HNSW: neighbours per node, and the search-time beam width.
-    hnsw_m: int = 32
-    ef_search: int = 128
+@dataclasses.dataclass
+class IndexParams(Validated):
+    """The index a build makes (``ragr1 index build``'s settings, the stack's and the chart's)."""
+
+    index_type: str = setting(
+        "flat", f"one of {', '.join(INDEX_TYPES)} (flat: exact inner product; the others compress)"
+    )
+    # IVF-PQ's lists are capped by the training set's size (new_index).
+    nlist: int = setting(4096, "ivfpq: inverted lists")
+    pq_m: int = setting(64, "ivfpq: bytes per vector")
+    pq_bits: int = setting(8, "ivfpq: bits per code")
+    nprobe: int = setting(64, "ivfpq: lists searched")
+    hnsw_m: int = setting(32, "hnsw: neighbours per node")
+    ef_search: int = setting(128, "hnsw: search beam")
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("index_type", self.index_type, INDEX_TYPES)
+        check_at_least(self, (
+            ("nlist", 1), ("pq_m", 1), ("pq_bits", 1), ("nprobe", 1), ("hnsw_m", 2), ("ef_search", 1),
+        ))
+
+
+@dataclasses.dataclass
+class IndexSpec(IndexParams):
+    """An index as its manifest records it: what was built, or imported with its own metric."""
+
     metric: str = "ip"
 
-    def __post_init__(self) -> None:
-        if self.index_type not in INDEX_TYPES:
-            raise ValueError(f"index type must be one of {INDEX_TYPES}, got {self.index_type!r}")
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
+    def validate(self) -> None:
+        super().validate()
+        check_choice("metric", self.metric, METRICS)
 
 
 def use_gpu(mode: str, num_gpus: int) -> bool:

@@ -18,21 +18,31 @@ from typing import Protocol
 
 import numpy as np
 
+from ragr1.services.common.config import Validated, check_at_least, setting
 from ragr1.services.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from ragr1.services.retriever import metrics
 from ragr1.services.retriever.batching import MicroBatcher
-from ragr1.services.retriever.config import FAILURE_MODES
 from ragr1.services.retriever.results import Hit, dedup_within_groups, merge_top_k
 
 log = logging.getLogger(__name__)
 
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchLimits:
-    max_queries: int = 512
-    max_query_chars: int = 2048
-    max_top_k: int = 100
+# What the router does when a shard is down or late (RouterConfig.on_shard_failure).
+FAILURE_MODES = ("unavailable", "partial")
+
+
+@dataclasses.dataclass
+class SearchLimits(Validated):
+    """What one call may ask for (the router's config is one)."""
+
+    max_queries: int = setting(512, "most queries in one call")
+    max_query_chars: int = setting(2048, "longest query, in characters")
+    max_top_k: int = setting(100, "largest top_k")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_queries", 1), ("max_query_chars", 1), ("max_top_k", 1)))
 
 
 def validate(queries: Sequence[str], top_k: int, groups: Sequence[int], limits: SearchLimits) -> None:

@@ -16,7 +16,7 @@ from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.http_api import start_http
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
-from ragr1.services.retriever.router import Router, SearchLimits
+from ragr1.services.retriever.router import Router
 from ragr1.services.retriever.servicer import RetrieverServicer, RetrieverShardServicer
 from ragr1.services.retriever.shard import ShardSearcher
 from ragr1.services.retriever.shard_client import AsyncShardClient
@@ -137,11 +137,11 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
     the shards' health watched beside the server."""
     manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
     m = manifest.manifest
-    if len(config.shards) != m.num_shards:
-        raise ValueError(f"--shards lists {len(config.shards)} address(es), the index has {m.num_shards} shard(s)")
-    shards = [AsyncShardClient(target) for target in config.shards]
+    addresses = config.shard_addresses(m.num_shards)
+    if len(addresses) != m.num_shards:
+        raise ValueError(f"--shards lists {len(addresses)} address(es), the index has {m.num_shards} shard(s)")
+    shards = [AsyncShardClient(target) for target in addresses]
     await check_shards(shards, manifest, config.shard_wait_s)
-    limits = SearchLimits(config.max_queries, config.max_query_chars, config.max_top_k)
     encoder = Encoder(
         m.encoder,
         device=config.device,
@@ -151,7 +151,7 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
     router = Router(
         encoder,
         shards,
-        limits=limits,
+        limits=config,
         on_shard_failure=config.on_shard_failure,
         default_timeout_s=config.timeout_s,
         embed_batch_rows=config.max_batch_rows,
@@ -168,9 +168,9 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
         index_type=m.index.index_type,
         num_shards=m.num_shards,
         num_passages=m.num_passages,
-        max_queries=limits.max_queries,
-        max_top_k=limits.max_top_k,
-        max_query_chars=limits.max_query_chars,
+        max_queries=config.max_queries,
+        max_top_k=config.max_top_k,
+        max_query_chars=config.max_query_chars,
         corpus_sha256=m.store_sha256,
         manifest_sha256=manifest.sha256,
     )

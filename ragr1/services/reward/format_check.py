@@ -20,18 +20,22 @@ import dataclasses
 import re
 
 from ragr1.protocol.grammar import ParsedResponse
+from ragr1.services.common.config import Validated, setting
 
 _ORDER = re.compile(r"t(sit)*a")
 
 
 @dataclasses.dataclass(frozen=True)
-class FormatWeights:
-    tags: float = 0.25
-    order: float = 0.25
-    answer: float = 0.25
-    clean: float = 0.25
+class FormatWeights(Validated):
+    """How much each check counts in the format score (the reward's ``format_weights`` section)."""
 
-    def __post_init__(self) -> None:
+    tags: float = setting(0.25, "weight of 'tags closed, none nested'")
+    order: float = setting(0.25, "weight of 'think (search information think)* answer'")
+    answer: float = setting(0.25, "weight of 'a closed <answer> exists'")
+    clean: float = setting(0.25, "weight of 'no text outside tags or after the answer, no invalid-action turn'")
+
+    def validate(self) -> None:
+        super().validate()
         values = dataclasses.astuple(self)
         if any(w < 0 for w in values) or sum(values) <= 0:
             raise ValueError(f"format weights must be >= 0 with a positive sum, got {self}")

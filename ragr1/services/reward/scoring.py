@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Self
 
 from ragr1.protocol.grammar import ParsedResponse, Span, parse_response, parse_spans
 from ragr1.protocol.information import Passage
+from ragr1.services.common.config import Validated, check_at_least, check_choice, section, setting
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.reward.answers import exact_match, normalized_golds, token_f1
 from ragr1.services.reward.format_check import FormatWeights, check_format
@@ -65,8 +67,8 @@ class Parts:
     reasons: tuple[str, ...] = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class Composition:
+@dataclasses.dataclass
+class Composition(Validated):
     """How the parts make the total.
 
     ``weighted``: total = em_weight * EM + f1_weight * F1 + format_weight * format
@@ -78,24 +80,29 @@ class Composition:
     no answer: 0.
     """
 
-    scheme: str = "weighted"
-    em_weight: float = 1.0
-    f1_weight: float = 0.0
-    format_weight: float = 0.0
-    process_weight: float = 0.0
-    structure_format_score: float = 0.2
-    final_format_score: float = 0.1
-    retrieval_score: float = 0.0
+    scheme: str = setting(
+        "weighted", f"how the parts make the total: {' | '.join(SCHEMES)} (Search-R1's v0.3 reward)"
+    )
+    # RAG-R1's outcome reward: exact match alone.
+    em_weight: float = setting(1.0, "weighted scheme: weight of exact match")
+    f1_weight: float = setting(0.0, "weighted scheme: weight of token F1")
+    format_weight: float = setting(0.0, "weighted scheme: weight of the format score")
+    process_weight: float = setting(0.0, "weighted scheme: weight of the retrieval-process score")
+    # Search-R1 v0.3's training scripts' values.
+    structure_format_score: float = setting(0.2, "search_r1_v03: reward of a valid format with a wrong answer")
+    final_format_score: float = setting(0.1, "search_r1_v03: reward of an answer in an invalid format")
+    retrieval_score: float = setting(
+        0.0, "search_r1_v03: bonus of a valid format whose retrieval found gold evidence"
+    )
 
-    def __post_init__(self) -> None:
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"reward scheme must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
+    def validate(self) -> None:
+        super().validate()
+        check_choice("scheme", self.scheme, SCHEMES)
 
     @classmethod
-    def search_r1_v03(cls) -> Composition:
-        """The values of Search-R1's v0.3 training scripts."""
-        return cls(scheme="search_r1_v03", structure_format_score=0.2, final_format_score=0.1,
-                   retrieval_score=0.0)
+    def search_r1_v03(cls) -> Self:
+        """Search-R1's v0.3 reward, with its training scripts' values (the defaults)."""
+        return cls(scheme="search_r1_v03")
 
     def total(self, em: float, f1: float, fmt: float, process: float, valid: bool,
               has_answer: bool, evidence: bool) -> float:
@@ -109,21 +116,38 @@ class Composition:
         return self.final_format_score if has_answer else 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class ScoreLimits:
-    max_items: int = 4096
-    max_response_chars: int = 200_000
-    max_rounds: int = 64
+@dataclasses.dataclass
+class ScoreLimits(Validated):
+    max_items: int = setting(4096, "most trajectories in one Score call (more: INVALID_ARGUMENT)")
+    max_response_chars: int = setting(
+        200_000, "longest response scored; longer ones score 0 with reason response_too_long"
+    )
+    max_rounds: int = setting(64, "largest retrieved_rounds value + 1 (more: INVALID_ARGUMENT)")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_items", 1), ("max_response_chars", 1), ("max_rounds", 1)))
 
 
-@dataclasses.dataclass(frozen=True)
-class RewardSettings:
-    composition: Composition = dataclasses.field(default_factory=Composition)
-    format_weights: FormatWeights = dataclasses.field(default_factory=FormatWeights)
-    limits: ScoreLimits = dataclasses.field(default_factory=ScoreLimits)
-    relevance_weight: float = 0.0
-    # The chat template's start of the model's turn (ChatML: Qwen2.5, SmolLM2); "" turns the guard off.
-    assistant_marker: str = "<|im_start|>assistant"
+@dataclasses.dataclass
+class RewardSettings(Composition, ScoreLimits):
+    """Everything the scorer reads (the reward server's config is one)."""
+
+    format_weights: FormatWeights = section(FormatWeights, "format score: the weight of each of its checks")
+    relevance_weight: float = setting(
+        0.0, "process score: share given to the lexical relevance of the passages (rest: gold evidence)"
+    )
+    # ChatML's (Qwen2.5, SmolLM2).
+    assistant_marker: str = setting(
+        "<|im_start|>assistant",
+        "start of the model's turn in the chat template; a response holding it is scored only after "
+        "its last occurrence (reason prompt_in_response); empty: off",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.relevance_weight <= 1.0:
+            raise ValueError(f"relevance_weight must be in [0, 1], got {self.relevance_weight}")
 
 
 def check_batch_size(count: int, limits: ScoreLimits) -> None:
@@ -181,7 +205,7 @@ class RewardScorer:
         self.scorer = scorer
 
     def score_batch(self, items: Sequence[ScoreInput]) -> list[Parts]:
-        validate(items, self.settings.limits)
+        validate(items, self.settings)
         return [self.score(item) for item in items]
 
     def _parse(self, item: ScoreInput) -> tuple[ParsedResponse | None, list[str]]:
@@ -190,7 +214,7 @@ class RewardScorer:
         texts = [s.text for s in item.spans] if item.spans else [item.response]
         if not "".join(texts).strip():
             return None, ["empty_response"]
-        if sum(len(t) for t in texts) > settings.limits.max_response_chars:
+        if sum(len(t) for t in texts) > settings.max_response_chars:
             return None, ["response_too_long"]
         cleaned = [_clean(t) for t in texts]
         reasons: list[str] = []
@@ -233,7 +257,7 @@ class RewardScorer:
         reasons += proc.reasons
         # Without gold the outcome is unknown: the total stays 0 (the trainer must not learn from a
         # data error), while the format and process parts are still reported.
-        total = 0.0 if not golds else settings.composition.total(
+        total = 0.0 if not golds else settings.total(
             em, f1, fmt.score, proc.score, fmt.valid, answer is not None, proc.rounds_with_evidence > 0
         )
         return Parts(

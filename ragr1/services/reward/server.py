@@ -12,8 +12,7 @@ from ragr1.v1 import reward_pb2_grpc
 
 async def build_server(config: RewardConfig) -> GrpcServer:
     """The server ready to ``serve()``; the config checked itself when it was made."""
-    settings = config.settings()
-    scorer = RewardScorer(settings, LexicalRelevance() if settings.relevance_weight > 0 else None)
+    scorer = RewardScorer(config, LexicalRelevance() if config.relevance_weight > 0 else None)
     server = GrpcServer(config, "reward")
     server.add(reward_pb2_grpc.add_RewardServicer_to_server, RewardServicer(scorer))
     return server

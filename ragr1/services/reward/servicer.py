@@ -61,7 +61,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     async def Score(
         self, request: reward_pb2.ScoreRequest, context: grpc.aio.ServicerContext
     ) -> reward_pb2.ScoreResponse:
-        check_batch_size(len(request.items), self.scorer.settings.limits)  # before converting them all
+        check_batch_size(len(request.items), self.scorer.settings)  # before converting them all
         items = [to_input(i, item) for i, item in enumerate(request.items)]
         start = time.perf_counter()
         # Off the event loop, so that health checks and other calls are answered meanwhile.

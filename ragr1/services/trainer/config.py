@@ -46,7 +46,7 @@ class ModelSettings(Validated):
 
     def validate(self) -> None:
         super().validate()
-        check_at_least(self, (("micro_batch_size", 1), ("lora_rank", 0), ("threads", 0)))
+        check_at_least(self, (("micro_batch_size", 1), ("threads", 0)))
         check_choice("device", self.device, DEVICES)
 
 
@@ -68,6 +68,10 @@ class SFTConfig(InformationSettings, ModelSettings):
     lr: float = setting(1e-5, "learning rate")
     epochs: int = setting(1, "passes over the trajectories")
     batch_size: int = setting(8, "sequences per optimiser step")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("lora_rank", 0),))
 
 
 # Learning rates by parameterisation. Full fine-tuning: RAG-R1's (verl's PPO run of Qwen2.5-7B). LoRA: its
@@ -185,8 +189,8 @@ class PPOSettings(ModelSettings):
             check_choice(name, getattr(self, name), choices)
         super().validate()
         check_at_least(self, (
-            ("mini_batch_size", 1), ("ppo_epochs", 1), ("logit_chunk_tokens", 1), ("micro_batch_tokens", 0),
-            ("max_updates", 0),
+            ("lora_rank", 0), ("mini_batch_size", 1), ("ppo_epochs", 1), ("logit_chunk_tokens", 1),
+            ("micro_batch_tokens", 0), ("max_updates", 0),
         ))
         if self.advantage == "grpo" and self.kl_penalty == "reward" and self.kl_coef > 0:
             # Refused rather than warned: such a run learns from noise while its rewards say nothing happened.
