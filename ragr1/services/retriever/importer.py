@@ -28,13 +28,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ragr1.services.common.hashing import file_sha256
-from ragr1.services.retriever.build import ENCODER_DIR
+from ragr1.services.retriever.build import encoder_export
 from ragr1.services.retriever.corpus import KILT_WORDS_PER_PASSAGE, PassageStore, read_corpus, write_store
-from ragr1.services.retriever.encoder import EncoderSettings, copy_export, ensure_export
+from ragr1.services.retriever.encoder import EncoderSettings
 from ragr1.services.retriever.faiss_file import SourceParts, write_flat
 from ragr1.services.retriever.index import IndexSpec
-from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
+from ragr1.services.retriever.manifest import Manifest, shard_entry, shard_file, shard_ranges
 
 DEFAULT_CHUNK_ROWS = 32768
 IMPORT_FILE = "import.json"
@@ -100,9 +99,7 @@ def import_index(
     else:
         described = str(store.directory)
     check_counts(parts, len(store), described)
-    export = None
-    if settings.backend != "torch":
-        export = EncoderExport(ENCODER_DIR, copy_export(ensure_export(settings), out_dir / ENCODER_DIR))
+    export = encoder_export(settings, out_dir)
     spec = IndexSpec(
         first.kind,
         hnsw_m=first.hnsw_m or IndexSpec.hnsw_m,
@@ -112,18 +109,11 @@ def import_index(
     entries = []
     ranges = shard_ranges(parts.ntotal, num_shards)
     for shard, (start, end) in enumerate(tqdm(ranges, desc="import", unit=" shards", disable=not progress)):
-        name = f"shard-{shard:03d}-of-{num_shards:03d}.{spec.index_type}.faiss"
+        name = shard_file(shard, num_shards, spec.index_type)
         _write_shard(parts, out_dir / name, start, end, chunk_rows)
-        entries.append(ShardEntry(name, start, end, file_sha256(out_dir / name), (out_dir / name).stat().st_size))
-    manifest = Manifest(
-        encoder=settings,
-        dim=first.dim,
-        index=spec,
-        num_passages=len(store),
-        store_dir=os.path.relpath(store.directory.resolve(), out_dir.resolve()),
-        store_sha256=store.sha256,
-        shards=tuple(entries),
-        encoder_export=export,
+        entries.append(shard_entry(out_dir, name, start, end))
+    manifest = Manifest.over_store(
+        out_dir, encoder=settings, dim=first.dim, index=spec, store=store, shards=entries, encoder_export=export
     )
     provenance = {
         "sources": [
