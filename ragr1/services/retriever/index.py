@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 INDEX_TYPES = ("flat", "ivfpq", "hnsw")
+# What shards serve: the built types, and IVF-flat, which only an import brings.
+SERVED_TYPES = (*INDEX_TYPES, "ivfflat")
 # Built indexes are inner product; imported ones keep their metric (L2: lower scores are better).
 METRICS = ("ip", "l2")
 GPU_MODES = ("auto", "never", "always")
@@ -32,8 +34,8 @@ class IndexSpec:
     metric: str = "ip"
 
     def __post_init__(self) -> None:
-        if self.index_type not in INDEX_TYPES:
-            raise ValueError(f"index type must be one of {INDEX_TYPES}, got {self.index_type!r}")
+        if self.index_type not in SERVED_TYPES:
+            raise ValueError(f"index type must be one of {SERVED_TYPES}, got {self.index_type!r}")
         if self.metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
 
@@ -83,7 +85,7 @@ def build(faiss: Any, vectors: np.ndarray, spec: IndexSpec, gpu: bool) -> Any:
 
 def prepare_for_search(faiss: Any, index: Any, spec: IndexSpec, gpu: bool) -> Any:
     """Applies the search-time settings and moves the index to the chosen device."""
-    if spec.index_type == "ivfpq":
+    if spec.index_type.startswith("ivf"):
         faiss.extract_index_ivf(index).nprobe = spec.nprobe
     elif spec.index_type == "hnsw":
         index.hnsw.efSearch = spec.ef_search
@@ -94,10 +96,10 @@ def mmap_flag(faiss: Any, index_type: str) -> int:
     """The ``read_index`` flag that memory-maps this kind of index instead of reading it whole.
 
     Flat and HNSW keep their vectors in an ``IndexFlatCodes`` that FAISS can map in place
-    (``IO_FLAG_MMAP_IFC``; HNSW's graph is still read); IVF-PQ maps its inverted lists (``IO_FLAG_MMAP``).
+    (``IO_FLAG_MMAP_IFC``; HNSW's graph is still read); IVF maps its inverted lists (``IO_FLAG_MMAP``).
     Mapped pages are read from disk on first touch and are shared by every process mapping the file.
     """
-    if index_type == "ivfpq":
+    if index_type.startswith("ivf"):
         return int(faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
     return int(faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
 
