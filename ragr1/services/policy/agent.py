@@ -352,7 +352,10 @@ class AgentLoop:
             t.retrieved += [(t.retrieval_rounds, p) for passages in mine for p in passages]
             t.retrieval_rounds += 1
             t.num_queries += len(action.queries)
-            block = self.information.block(
-                [q[: cfg.max_query_chars] for q in action.queries], mine, t.mode is Mode.MULTI
-            )
+            if t.mode is Mode.SEARCH_R1:
+                block = self.information.search_r1_block(mine)
+            else:
+                block = self.information.block(
+                    [q[: cfg.max_query_chars] for q in action.queries], mine, t.mode is Mode.MULTI
+                )
             self._insert(t, self._encode(block), block, SpanKind.INFORMATION)

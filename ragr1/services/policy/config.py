@@ -54,7 +54,7 @@ class PolicyConfig(ServerConfig, QueueConfig, InformationSettings):
         group="model",
     )
     # Agent loop.
-    mode: str = setting(_LOOP.mode.value, "search mode of tasks that do not say: multi, single or none")
+    mode: str = setting(_LOOP.mode.value, "search mode of tasks that do not say: multi, single, none or search-r1")
     query_separator: str = setting(_LOOP.query_separator, "separator of queries inside <search>")
     max_queries_per_search: int = setting(_LOOP.max_queries_per_search, "query cap per <search> (multi mode)")
     max_turns: int = setting(_LOOP.max_turns, "generation turns before the final answer turn")
