@@ -138,7 +138,9 @@ def register(commands: Any, serve: Any) -> None:
              "own values are ragr1/stack/presets/default.yaml's, over the defaults below",
     )
     demo.add_argument("--preset", default="",
-                      help="quick (a smoke run, minutes) or long (hours: RL long enough to move held-out EM); "
+                      help="quick (a smoke run, minutes), long (hours: RL long enough to move held-out EM), "
+                           "search-r1 or rag-r1 (their published PPO hyperparameters; what these machines cannot "
+                           "honour is listed in the file); "
                            "a YAML file of settings under ragr1/stack/presets/, over default.yaml (the demo's "
                            "own choices), overridden by flags")
     command(
