@@ -100,8 +100,8 @@ class ImportConfig(Validated):
     """``ragr1 index import``."""
 
     input: list[str] = setting(
-        list, "FAISS index file(s), flat (IP or L2) or HNSW-flat; several: parts whose rows continue in order "
-        "(comma-separated)", factory=True,
+        list, "FAISS index file(s), flat (IP or L2), HNSW-flat, IVF-flat or IVF-PQ; several: parts whose rows "
+        "continue in order (comma-separated)", factory=True,
     )
     corpus: list[str] = setting(
         list, "corpus files whose line i is row i of the index (Search-R1's wiki-18.jsonl; comma-separated)",
@@ -122,6 +122,7 @@ class ImportConfig(Validated):
         "torch", "torch (float32, as their server), onnx or onnx-int8 (an export kept beside the index)"
     )
     ef_search: int = setting(0, "hnsw: search beam of the shards; 0 keeps the source index's")
+    nprobe: int = setting(0, "ivf: lists searched by the shards; 0 keeps the source index's")
     chunk_rows: int = setting(DEFAULT_CHUNK_ROWS, "vectors copied per read: the memory an import of a flat index needs")
 
     def validate(self) -> None:
@@ -140,7 +141,8 @@ class ImportConfig(Validated):
             check_choice("pooling", self.pooling, ("mean", "cls"))
         check_choice("encoder_backend", self.encoder_backend, BACKENDS)
         check_at_least(self, (
-            ("words", 1), ("num_shards", 1), ("max_query_tokens", 1), ("ef_search", 0), ("chunk_rows", 1),
+            ("words", 1), ("num_shards", 1), ("max_query_tokens", 1), ("ef_search", 0), ("nprobe", 0),
+            ("chunk_rows", 1),
         ))
 
     def encoder_settings(self) -> EncoderSettings:
