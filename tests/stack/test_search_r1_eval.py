@@ -58,7 +58,7 @@ def test_the_loop_in_search_r1_mode_sends_one_query_and_inserts_their_block(toke
     loop = AgentLoop(engine, search, tokenizer, LoopConfig())
     task = Task("t", "who wrote hamlet", Mode.SEARCH_R1)
     assert THEIR_PROMPT.format(question="who wrote hamlet?") in tokenizer.decode(loop.prompt_ids(task))
-    [t] = asyncio.run(loop.run([task], Sampling(max_tokens=64), version=1))
+    [t] = asyncio.run(loop.run([task], Sampling(max_tokens_per_turn=64), version=1))
     assert t.status is TrajectoryStatus.ANSWERED and search.calls == [(["hamlet author, extra"], [0])]
     [info] = [s.text for s in t.spans if s.kind is SpanKind.INFORMATION]
     assert info.startswith('\n\n<information>Doc 1(Title: "Page hamlet author, extra 0") Facts about')
