@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_at_least, check_choice, same_as, setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, check_required, same_as, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.retriever import plan
 from ragr1.services.retriever.build import DEFAULT_CHUNK_SIZE
@@ -83,10 +83,8 @@ class BuildConfig(IndexParams):
 
     def validate(self) -> None:
         super().validate()
-        if not self.store:
-            raise ValueError("store is required: the passage store from `ragr1 corpus ingest`")
-        if not self.out:
-            raise ValueError("out is required: the directory the index is written to")
+        check_required(self, (("store", "the passage store from `ragr1 corpus ingest`"),
+                              ("out", "the directory the index is written to")))
         check_choice("encoder_backend", self.encoder_backend, BACKENDS)
         check_choice("gpu", self.gpu, GPU_MODES)
         check_at_least(self, (("num_shards", 1), ("max_passage_tokens", 0), ("chunk_size", 1)))
@@ -127,14 +125,11 @@ class ImportConfig(Validated):
 
     def validate(self) -> None:
         super().validate()
-        if not self.input:
-            raise ValueError("input is required: the FAISS index file(s)")
+        check_required(self, (("input", "the FAISS index file(s)"),))
         if bool(self.corpus) == bool(self.store):
             raise ValueError("give exactly one of corpus (JSONL or KILT files) and store (a passage store)")
-        if not self.out:
-            raise ValueError("out is required: the directory the index is written to")
-        if not self.encoder:
-            raise ValueError("encoder is required: the model the index was built with (e.g. intfloat/e5-base-v2)")
+        check_required(self, (("out", "the directory the index is written to"),
+                              ("encoder", "the model the index was built with (e.g. intfloat/e5-base-v2)")))
         check_choice("corpus_format", self.corpus_format, CORPUS_FORMATS)
         check_choice("encoder_family", self.encoder_family, FAMILIES)
         if self.pooling:
