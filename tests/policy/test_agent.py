@@ -189,6 +189,10 @@ def test_seeds_differ_per_trajectory(tokenizer: Any, seed: int | None) -> None:
     loop = AgentLoop(Recorder(tokenizer, script), ScriptedSearch(), tokenizer, LoopConfig())
     tasks = [Task("1", "q 1"), Task("2", "q 2")]
     asyncio.run(loop.run(tasks, dataclasses.replace(Sampling(), seed=seed), version=0))
+    # Sample 0 of each task: different prompts may share seeds, samples of one prompt do not.
+    assert seen == ([None, None] if seed is None else [5, 5])
+    seen.clear()
+    asyncio.run(loop.run([tasks[0], tasks[0]], dataclasses.replace(Sampling(), seed=seed), version=0))
     assert seen == ([None, None] if seed is None else [5, 1005])
 
 
@@ -285,12 +289,14 @@ def test_no_retrieval_mode_answers_in_one_turn_and_never_searches(tokenizer: Any
     assert "<search>" not in tokenizer.decode(out[0].prompt_ids)
 
 
-def run_each(loop: AgentLoop, tasks: list[Task], sampling: Sampling, version: int = 7) -> list[Trajectory]:
+def run_each(loop: AgentLoop, tasks: list[Task], sampling: Sampling, version: int = 7,
+             positions: list[int] | None = None) -> list[Trajectory]:
     """The tasks as the async loop runs them: every trajectory its own coroutine, all at once."""
+    places = positions or [0] * len(tasks)
 
     async def go() -> list[Trajectory]:
         return list(await asyncio.gather(
-            *(loop.run_one(task, sampling, version=version, position=i) for i, task in enumerate(tasks))
+            *(loop.run_one(task, sampling, version=version, position=k) for k, task in zip(places, tasks, strict=True))
         ))
 
     return asyncio.run(go())
@@ -341,7 +347,7 @@ def test_seeds_follow_the_trajectory_not_the_schedule(tokenizer: Any, seed: int 
     lockstep, seen = seen, {}
     run_each(AgentLoop(Recorder(tokenizer, script), ScriptedSearch(), tokenizer, LoopConfig()), tasks, sampling)
     assert seen == lockstep
-    assert lockstep["q 2"] == ([None] * 3 if seed is None else [1005, 1006, 1007])
+    assert lockstep["q 2"] == ([None] * 3 if seed is None else [5, 6, 7])
 
 
 def _question(tokenizer: Any, ids: Any) -> str:

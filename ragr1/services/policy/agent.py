@@ -191,8 +191,8 @@ class Trajectory:
     policy_version: int
     # The mode the trajectory ran in (the task's, or the loop's default).
     mode: Mode = Mode.MULTI
-    # Its place in its request: seeds derive from it, so that a seeded request draws the same trajectories
-    # whichever schedule runs it.
+    # Which sample of its task it is (``sample_indexes``): seeds derive from it, so that a seeded prompt draws
+    # the same trajectories whichever schedule, batch or group runs it.
     position: int = 0
     response_ids: list[int] = dataclasses.field(default_factory=list)
     loss_mask: list[int] = dataclasses.field(default_factory=list)
@@ -246,6 +246,17 @@ class Trajectory:
         self.wall_seconds = time.perf_counter() - self.started
 
 
+def sample_indexes(task_ids: Sequence[str]) -> list[int]:
+    """For each entry, how many entries before it have the same task id: sample k of a task (its rollout id is
+    "<task id>/k")."""
+    seen: dict[str, int] = {}
+    out = []
+    for task_id in task_ids:
+        out.append(seen.get(task_id, 0))
+        seen[task_id] = out[-1] + 1
+    return out
+
+
 class AgentLoop:
     """Runs batches of tasks through think / search / information / answer."""
 
@@ -296,8 +307,9 @@ class AgentLoop:
     ) -> list[Trajectory]:
         """Runs every task to the end in lock-step turns (``prompt_ids`` if the caller has already built them)."""
         ids: Sequence[Sequence[int] | None] = [None] * len(tasks) if prompt_ids is None else prompt_ids
+        positions = sample_indexes([task.id for task in tasks])
         trajectories = [
-            self._start(task, version, i, p) for i, (task, p) in enumerate(zip(tasks, ids, strict=True))
+            self._start(task, version, k, p) for k, task, p in zip(positions, tasks, ids, strict=True)
         ]
         stop = self._stop(sampling)
         for turn in range(self.config.max_turns + 1):
@@ -324,7 +336,7 @@ class AgentLoop:
         should_abort: Callable[[], bool] = lambda: False,
     ) -> Trajectory:
         """Runs one task to the end on its own: the same turns as ``run``, waiting for no other trajectory.
-        ``position``: its place in its request, which its seeds derive from."""
+        ``position``: which sample of the task it is (``sample_indexes``)."""
         t = self._start(task, version, position, prompt_ids)
         stop = self._stop(sampling)
         for turn in range(self.config.max_turns + 1):

@@ -29,6 +29,7 @@ from ragr1.services.policy.agent import (
     SearchBackend,
     Task,
     Trajectory,
+    sample_indexes,
 )
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
 
@@ -166,8 +167,8 @@ class Policy:
         if self.rollout_loop == ASYNC:
             async with asyncio.TaskGroup() as group:
                 running = [
-                    group.create_task(self._trajectory(task, sampling, i, ids))
-                    for i, (task, ids) in enumerate(zip(tasks, prompt_ids, strict=True))
+                    group.create_task(self._trajectory(task, sampling, k, ids))
+                    for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids, strict=True)
                 ]
             trajectories = [r.result() for r in running]
         else:
