@@ -175,3 +175,28 @@ def test_a_leaving_async_worker_hands_back_the_groups_it_aborted_and_the_one_it_
     assert sorted(d.message.id for d in taken) == ["running", "waiting"]
     assert [d.deliveries for d in taken] == [1, 1]
     assert [d.message.id for d in other.consume(10)] == ["later"]
+
+
+def test_a_group_waits_for_room_for_all_its_samples_and_one_larger_than_the_room_runs_alone(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for two: the slow prompt runs; the next group (two samples) does not start beside it, and the one of
+    three samples (more than the room) starts once nothing else runs: never more than it in the engine."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("pair", "Fast one?", 2), task("three", "Fast two?", 3)])
+    engine = TimedEngine(tokenizer)
+    worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 2)
+    order: list[str] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        while len(order) < 6:
+            order.extend(d.message.task_id for d in await asyncio.to_thread(rollouts.consume, 10, 100))
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert order == ["slow", "pair", "pair", "three", "three", "three"]
+    assert engine.peak == 3

@@ -55,7 +55,8 @@ TRAJECTORY_PHASE = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 TRAJECTORIES_IN_FLIGHT = Gauge(
-    "ragr1_policy_trajectories_in_flight", "Trajectories started and not finished, in either rollout loop."
+    "ragr1_policy_trajectories_in_flight",
+    "Trajectories running (lock-step: until their whole batch has finished, which is when their slots free).",
 )
 ENGINE_REQUESTS = Gauge(
     "ragr1_policy_engine_requests", "Generation requests inside the engine (vLLM's running and queued ones)."

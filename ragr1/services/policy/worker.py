@@ -1,5 +1,8 @@
 """Rollout-worker mode: PromptTasks from the ``prompts`` stream in, scored Rollouts to ``rollouts`` out.
 
+This is the lock-step loop's worker (``rollout_loop`` lockstep): it takes a batch and the next one when the batch
+has finished. ``streaming.StreamingRolloutWorker`` (async, the default) builds on it and keeps trajectories going.
+
 A batch's rollouts are produced to ``rollouts`` in the same Redis transaction that acknowledges
 its prompts, so a crash loses nothing and duplicates nothing. A prompt whose rollout hit a
 retriever error (or was aborted by a weight update) is not acknowledged: with ``requeue`` the
