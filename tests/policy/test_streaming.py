@@ -66,6 +66,23 @@ def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: Str
                                   grace_seconds=grace_seconds, max_in_flight=max_in_flight)
 
 
+def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], count: int) -> list[str]:
+    """Runs the worker until ``count`` rollouts are produced, then stops it; their task ids in arrival order."""
+    order: list[str] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        while len(order) < count:
+            order.extend(d.message.task_id for d in await asyncio.to_thread(rollouts.consume, 10, 100))
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    return order
+
+
 def task(task_id: str, question: str, samples: int = 1) -> common_pb2.PromptTask:
     return common_pb2.PromptTask(id=task_id, question=question, golden_answers=["fast"], num_samples=samples)
 
@@ -81,18 +98,7 @@ def test_a_new_group_starts_as_soon_as_one_ends_and_each_is_acknowledged_once_wi
                      task("f3", "Fast three?")])
     engine = TimedEngine(tokenizer)
     worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 3)
-    order: list[str] = []
-
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        running = asyncio.ensure_future(worker.run(stop))
-        while len(order) < 5:
-            order.extend(d.message.task_id for d in await asyncio.to_thread(rollouts.consume, 10, 100))
-        stop.set()
-        await asyncio.wait_for(running, 10)
-        await worker.scorer.close()  # type: ignore[attr-defined]
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    order = produced_order(worker, rollouts, 5)
     assert order[-2:] == ["slow", "slow"], order
     assert sorted(order) == ["f1", "f2", "f3", "slow", "slow"]
     assert engine.peak == 3
@@ -186,17 +192,6 @@ def test_a_group_waits_for_room_for_all_its_samples_and_one_larger_than_the_room
     prompts.produce([task("slow", "Slow one?"), task("pair", "Fast one?", 2), task("three", "Fast two?", 3)])
     engine = TimedEngine(tokenizer)
     worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 2)
-    order: list[str] = []
-
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        running = asyncio.ensure_future(worker.run(stop))
-        while len(order) < 6:
-            order.extend(d.message.task_id for d in await asyncio.to_thread(rollouts.consume, 10, 100))
-        stop.set()
-        await asyncio.wait_for(running, 10)
-        await worker.scorer.close()  # type: ignore[attr-defined]
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    order = produced_order(worker, rollouts, 6)
     assert order == ["slow", "pair", "pair", "three", "three", "three"]
     assert engine.peak == 3
