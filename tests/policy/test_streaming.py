@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 import redis
 
+from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.backends import RewardServiceScorer
+from ragr1.services.policy.rollouts import task_of
 from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutLoopSettings
 from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
@@ -195,3 +197,13 @@ def test_a_group_waits_for_room_for_all_its_samples_and_one_larger_than_the_room
     order = produced_order(worker, rollouts, 6)
     assert order == ["slow", "pair", "pair", "three", "three", "three"]
     assert engine.peak == 3
+
+
+def test_weights_unknown_after_a_failed_load_refuse_an_async_rollout_as_a_lock_step_one(
+    tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """The fence's refusal reaches the caller as itself (UNAVAILABLE over gRPC), not as a group of failures."""
+    policy = async_policy(TimedEngine(tokenizer), tokenizer, policy_model_dir)
+    policy.gate.failed = "v1 from /nowhere: OSError: disk gone"
+    with pytest.raises(Unavailable, match="disk gone"):
+        asyncio.run(policy.rollout([task_of(task("f1", "Fast one?")), task_of(task("f2", "Fast two?"))], Sampling()))

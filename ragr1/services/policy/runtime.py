@@ -165,11 +165,14 @@ class Policy:
         prompt_ids = self.prompt_ids(tasks)
         start = time.perf_counter()
         if self.rollout_loop == ASYNC:
-            async with asyncio.TaskGroup() as group:
-                running = [
-                    group.create_task(self._trajectory(task, sampling, k, ids))
-                    for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids, strict=True)
-                ]
+            try:
+                async with asyncio.TaskGroup() as group:
+                    running = [
+                        group.create_task(self._trajectory(task, sampling, k, ids))
+                        for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids, strict=True)
+                    ]
+            except BaseExceptionGroup as failed:  # the first failure, as lock-step raises it (UNAVAILABLE, say)
+                raise failed.exceptions[0] from None
             trajectories = [r.result() for r in running]
         else:
             metrics.TRAJECTORIES_IN_FLIGHT.inc(len(tasks))
