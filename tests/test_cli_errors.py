@@ -51,7 +51,7 @@ def model_dir(path: Path) -> Path:
 
 def test_serve_refuses_a_bad_setting_and_a_missing_index(tmp_path: Path) -> None:
     one_line_error(ragr1("serve", "reward", "--max-items", "0", cwd=tmp_path), "ragr1 serve reward",
-                   "max_items must be >= 1, got 0")
+                   "max_items must be at least 1, got 0")
     one_line_error(ragr1("serve", "retriever-shard", "--index", str(tmp_path / "none"), cwd=tmp_path),
                    "ragr1 serve retriever-shard", str(tmp_path / "none"), "ragr1 index build")
 

@@ -11,6 +11,10 @@ applied per query), so the third query of a search gets the same room as the fir
 the JSON keeps non-ASCII characters as they are (RAG-R1's ``json.dumps`` escapes them to ``\\uXXXX``,
 which a model would then have to copy into its answer, and exact match compares accents).
 
+Search-R1's mode lays the block out as Search-R1's generation loop does: ``Doc i(Title: "Title") text``
+lines (the title is the ``contents``' first line, quotes and all) between ``\n\n<information>`` and
+``</information>\n\n``, the whole block cut to its ``max_obs_length`` (500 tokens) from the start.
+
 The policy's loop and the SFT trajectories both build the block here, with the same tokenizer, so the
 model is trained on the token ids it is later shown.
 """
@@ -52,6 +56,15 @@ def documents(passages: Sequence[Passage]) -> str:
     return "\n".join(f"Doc {i}: {p.contents}" for i, p in enumerate(passages, start=1))
 
 
+# Search-R1's data.max_obs_length (train_ppo.sh, evaluate.sh): tokens of one whole inserted block.
+SEARCH_R1_OBS_TOKENS = 500
+
+
+def search_r1_documents(passages: Sequence[Passage]) -> str:
+    """Every passage of a search as Search-R1's ``_passages2string`` writes it."""
+    return "".join(f"Doc {i}(Title: {p.contents.split(chr(10))[0]}) {p.text}\n" for i, p in enumerate(passages, 1))
+
+
 class InformationFormat:
     """Builds information blocks with one tokenizer and one per-query budget (0 = no cut)."""
 
@@ -81,3 +94,12 @@ class InformationFormat:
     def block(self, queries: Sequence[str], results: Sequence[Sequence[Passage]], multi_query: bool) -> str:
         """The whole inserted text: ``\\n<information>\\n`` body ``\\n</information>\\n``."""
         return INFORMATION_OPEN + self.body(queries, results, multi_query) + INFORMATION_CLOSE
+
+    def search_r1_block(self, results: Sequence[Sequence[Passage]]) -> str:
+        """Search-R1's inserted text for one search, cut as it cuts it (token ids from the start, decoded)."""
+        docs = search_r1_documents([p for passages in results for p in passages])
+        text = f"\n\n<information>{docs.strip()}</information>\n\n"
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= SEARCH_R1_OBS_TOKENS:
+            return text
+        return self.tokenizer.decode(ids[:SEARCH_R1_OBS_TOKENS], skip_special_tokens=True)

@@ -3,6 +3,8 @@
 The instructions follow RAG-R1's data scripts (multi-query mode, ``hotpotqa_search_mq.py``) and
 Search-R1's (single-query mode), word for word apart from the query separator, which is configurable.
 The no-retrieval mode (an evaluation baseline) drops the search sentences and keeps the rest.
+The Search-R1 mode is Search-R1's own prompt as its data scripts write it (``make_prefix``), typo
+included, with their question clean-up: a checkpoint trained on it is evaluated on the tokens it saw.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Mode(enum.Enum):
     SINGLE = "single"
     MULTI = "multi"
     NONE = "none"
+    SEARCH_R1 = "search-r1"
 
     @classmethod
     def parse(cls, name: str) -> Mode:
@@ -45,6 +48,16 @@ _DIRECT_INSTRUCTIONS = (
     "For example, <answer> Beijing </answer>. "
     "Question: {question}\n"
 )
+_SEARCH_R1_INSTRUCTIONS = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside "
+    "<answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
 QUESTION_MARKER = "Question: "
 
 _NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
@@ -68,6 +81,9 @@ def question_prompt(
 ) -> str:
     """The user message for one question in ``mode``."""
     question = question.strip()
+    if mode is Mode.SEARCH_R1:
+        # Their data scripts end every question with a question mark.
+        return _SEARCH_R1_INSTRUCTIONS.format(question=question if question.endswith("?") else question + "?")
     if mode is Mode.NONE:
         return _DIRECT_INSTRUCTIONS.format(question=question)
     if mode is Mode.MULTI:

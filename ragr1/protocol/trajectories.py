@@ -77,6 +77,8 @@ def trajectory(
 ) -> list[Piece]:
     """The response as pieces. Multi-query mode searches every supporting title in one call (at most
     ``max_queries`` per call); single-query mode searches them one at a time; no-retrieval mode answers."""
+    if mode is Mode.SEARCH_R1:
+        raise ValueError("no SFT trajectories in Search-R1's mode: Search-R1 trains with RL alone, from the base model")
     rng = random.Random(f"{seed}:{item.question}")
     gold = item.gold
     if mode is Mode.NONE:

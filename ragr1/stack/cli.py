@@ -90,11 +90,13 @@ def _eval(config: EvalConfig) -> int:
                     lambda tasks: policy.rollout(tasks), questions, mode, batch_size=config.batch_size
                 )
                 every += rollouts
-                summary = evaluate.summarise(Path(name).name.split(".")[0], mode, rollouts, seconds)
-                summaries.append(summary)
-                records += [{"benchmark": summary.benchmark, "mode": mode, **evaluate.rollout_record(r)}
+                # Per data source: a Search-R1 test.parquet mixes the seven benchmarks in one file.
+                mine = evaluate.summarise_sources(mode, rollouts, seconds)
+                summaries += mine
+                records += [{"benchmark": Path(name).name.split(".")[0], "mode": mode, **evaluate.rollout_record(r)}
                             for r in rollouts]
-                print(evaluate.format_table([summary.row()]).splitlines()[-1], flush=True)
+                for summary in mine:
+                    print(evaluate.format_table([summary.row()]).splitlines()[-1], flush=True)
     provenance = evaluate.provenance(info, every)
     print("\n" + evaluate.format_table([s.row() for s in summaries]))
     print(evaluate.provenance_line(provenance))
@@ -136,7 +138,9 @@ def register(commands: Any, serve: Any) -> None:
              "own values are ragr1/stack/presets/default.yaml's, over the defaults below",
     )
     demo.add_argument("--preset", default="",
-                      help="quick (a smoke run, minutes) or long (hours: RL long enough to move held-out EM); "
+                      help="quick (a smoke run, minutes), long (hours: RL long enough to move held-out EM), "
+                           "search-r1 or rag-r1 (their published PPO hyperparameters; what these machines cannot "
+                           "honour is listed in the file); "
                            "a YAML file of settings under ragr1/stack/presets/, over default.yaml (the demo's "
                            "own choices), overridden by flags")
     command(

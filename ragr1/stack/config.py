@@ -102,11 +102,13 @@ class EvalConfig(EvalSettings):
     endpoints: str = setting("", "endpoints.json of `ragr1 up` (overrides --policy)")
     benchmarks: list[str] = setting(list, f"comma-separated, of: {', '.join(EVAL_BENCHMARKS)}", factory=True)
     file: list[str] = setting(
-        list, "JSONL files in the same layout (question, golden_answers), comma-separated", factory=True
+        list, "JSONL files in the same layout (question, golden_answers) or Search-R1 / RAG-R1 parquet files "
+        "(test.parquet), comma-separated", factory=True
     )
     limit: int | None = setting(None, "first N questions of each")
     mode: str = setting(
-        "multi", "none (no retrieval), single, multi, a comma-separated list, both (single,multi) or all"
+        "multi", "none (no retrieval), single, multi, search-r1 (Search-R1's prompt, layout and scoring), a "
+        "comma-separated list, both (single,multi) or all (none,single,multi)"
     )
     checkpoint: str = setting("", "load this checkpoint into the policy first")
     out: str = setting("", "write the summaries and every question's answer and scores as JSON here")

@@ -2,7 +2,10 @@
 retriever and is scored by the reward service), and the rollouts are summed up per benchmark and mode.
 
 Greedy decoding by default: Search-R1's evaluation sampled by accident, which makes EM noisy. Every
-mean comes with a 95% bootstrap interval over the questions (``stats``).
+mean comes with a 95% bootstrap interval over the questions (``stats``). EM, token F1 and cover-EM (a
+normalised gold inside the normalised answer) are reported per data source. In the ``search-r1`` mode
+the policy speaks Search-R1's protocol and the answer is taken and scored as Search-R1 does
+(``search_r1``), so that its checkpoints score as in its own tables.
 
 Every result is recorded with what makes it comparable (``provenance``): the corpus (content hash and
 size), the retriever (encoder, index type, top-k), the served checkpoint's hash, the loop's settings, the
@@ -22,6 +25,7 @@ from typing import Any
 
 from ragr1.services.common.provenance import code_commit
 from ragr1.shipped import EVAL_BENCHMARKS, eval_path, read_jsonl, record_source
+from ragr1.stack import search_r1
 from ragr1.stack.stats import Estimate, bootstrap
 from ragr1.v1 import common_pb2, policy_pb2
 
@@ -30,17 +34,21 @@ MODES = {
     "none": common_pb2.SEARCH_MODE_NONE,
     "single": common_pb2.SEARCH_MODE_SINGLE,
     "multi": common_pb2.SEARCH_MODE_MULTI,
+    "search-r1": common_pb2.SEARCH_MODE_SEARCH_R1,
 }
+# ``all``: this project's modes; Search-R1's is asked for by name.
+OWN_MODES = ("none", "single", "multi")
 
 MODE_NAMES = {value: name for name, value in MODES.items()}
 
 
 def parse_modes(text: str) -> list[str]:
-    """``--mode``: one mode, a comma-separated list, ``both`` (single and multi) or ``all``."""
+    """``--mode``: one mode, a comma-separated list, ``both`` (single and multi) or ``all`` (none, single,
+    multi)."""
     if text == "both":
         return ["single", "multi"]
     if text == "all":
-        return list(MODES)
+        return list(OWN_MODES)
     modes = [m for m in text.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
@@ -58,13 +66,19 @@ class Question:
 
 
 def load_questions(source: str | Path, limit: int | None = None) -> list[Question]:
-    """A benchmark name (``nq``, ``hotpotqa`` …) or a JSONL file of the same layout.
+    """A benchmark name (``nq``, ``hotpotqa`` …), a JSONL file of the same layout, or a Search-R1 / RAG-R1
+    parquet file (its ``test.parquet``: any mix of data sources, each kept).
 
-    A record without ``question`` or ``golden_answers`` raises ValueError naming the file and line.
+    A record without ``question`` or ``golden_answers`` raises ValueError naming the file and line (row).
     """
     path = eval_path(str(source)) if str(source) in EVAL_BENCHMARKS else Path(source)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file (benchmarks: {', '.join(EVAL_BENCHMARKS)})")
+    if path.name.endswith(".parquet"):
+        from ragr1.services.trainer.data import read_parquet
+
+        return [Question(t.id, t.question, list(t.golden_answers), t.data_source)
+                for t in read_parquet(path, "single", limit)]
     name = path.name.split(".")[0]
     out: list[Question] = []
     for lineno, record in enumerate(read_jsonl(path, limit=limit), start=1):
@@ -106,16 +120,33 @@ class EvalSummary:
     # 95% bootstrap intervals over the questions, (low, high).
     exact_match_ci: tuple[float, float] = (0.0, 0.0)
     f1_ci: tuple[float, float] = (0.0, 0.0)
+    # A normalised gold inside the normalised answer (Search-R1's subem_check).
+    cover_em: float = 0.0
+    cover_em_ci: tuple[float, float] = (0.0, 0.0)
 
     def row(self) -> list[str]:
-        return [self.benchmark, self.mode, str(self.questions),
-                f"{self.exact_match:.3f} [{self.exact_match_ci[0]:.2f}, {self.exact_match_ci[1]:.2f}]",
-                f"{self.f1:.3f} [{self.f1_ci[0]:.2f}, {self.f1_ci[1]:.2f}]",
+        def cell(value: float, ci: tuple[float, float]) -> str:
+            return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+        return [self.benchmark, self.mode, str(self.questions), cell(self.exact_match, self.exact_match_ci),
+                cell(self.f1, self.f1_ci), cell(self.cover_em, self.cover_em_ci),
                 f"{self.format_valid:.2f}", f"{self.retrieval_rounds:.2f}", f"{self.queries:.2f}",
                 f"{self.seconds_per_question:.2f}"]
 
 
-HEADER = ["benchmark", "mode", "n", "EM [95% CI]", "F1 [95% CI]", "format ok", "rounds", "queries", "s/question"]
+HEADER = ["benchmark", "mode", "n", "EM [95% CI]", "F1 [95% CI]", "cover-EM [95% CI]", "format ok", "rounds",
+          "queries", "s/question"]
+
+
+def answer_scores(r: common_pb2.Rollout, mode: str) -> tuple[str, float, float, float]:
+    """The answer a rollout is scored on, its EM, F1 and cover-EM: Search-R1's extraction and scoring in its
+    mode; the reward service's answer, EM and F1 otherwise."""
+    if mode == "search-r1":
+        answer, em, f1, cover = search_r1.score(r.question, r.response_text, r.golden_answers)
+        return answer or "", em, f1, cover
+    answer = r.reward.extracted_answer
+    cover = search_r1.cover_match(answer, r.golden_answers) if answer else 0.0
+    return answer, r.reward.exact_match, r.reward.f1, cover
 
 
 def _interval(estimate: Estimate) -> tuple[float, float]:
@@ -129,16 +160,18 @@ def summarise(benchmark: str, mode: str, rollouts: Sequence[common_pb2.Rollout],
         values = list(values)
         return statistics.fmean(values) if values else 0.0
 
-    em = bootstrap([r.reward.exact_match for r in rollouts])
-    f1 = bootstrap([r.reward.f1 for r in rollouts])
+    scores = [answer_scores(r, mode)[1:] for r in rollouts]
+    em, f1, cover = (bootstrap([s[i] for s in scores]) for i in range(3))
     return EvalSummary(
         benchmark=benchmark,
         mode=mode,
         questions=n,
-        exact_match=mean(r.reward.exact_match for r in rollouts),
-        f1=mean(r.reward.f1 for r in rollouts),
+        exact_match=mean(s[0] for s in scores),
+        f1=mean(s[1] for s in scores),
         exact_match_ci=_interval(em),
         f1_ci=_interval(f1),
+        cover_em=mean(s[2] for s in scores),
+        cover_em_ci=_interval(cover),
         # Every check of the format reward passed (the reward service's "valid sequence").
         format_valid=mean(1.0 if r.reward.format >= 1.0 else 0.0 for r in rollouts),
         answered=mean(1.0 if r.status == common_pb2.TRAJECTORY_STATUS_ANSWERED else 0.0 for r in rollouts),
@@ -171,12 +204,13 @@ def run_questions(
 
 def summarise_sources(mode: str, rollouts: Sequence[common_pb2.Rollout], wall_seconds: float) -> list[EvalSummary]:
     """One summary per ``data_source`` (each source reported on its own), in order of appearance; the wall
-    time is shared out by question."""
-    sources = list(dict.fromkeys(r.data_source for r in rollouts))
+    time is shared out by question. In Search-R1's mode the sources take Search-R1's names."""
+    name = search_r1.source_name if mode == "search-r1" else str
+    sources = list(dict.fromkeys(name(r.data_source) for r in rollouts))
     per_question = wall_seconds / len(rollouts) if rollouts else 0.0
     out = []
     for source in sources:
-        mine = [r for r in rollouts if r.data_source == source]
+        mine = [r for r in rollouts if name(r.data_source) == source]
         out.append(summarise(source, mode, mine, per_question * len(mine)))
     return out
 
@@ -188,11 +222,13 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = HEADER) 
 
 
 def rollout_record(r: common_pb2.Rollout) -> dict[str, Any]:
-    """What the JSON report keeps of one rollout."""
+    """What the JSON report keeps of one rollout: the answer and scores its mode's scoring gives."""
+    mode = MODE_NAMES.get(r.mode, "default")
+    answer, em, f1, cover = answer_scores(r, mode)
     return {
         "task_id": r.task_id, "question": r.question, "golden_answers": list(r.golden_answers),
-        "data_source": r.data_source, "mode": MODE_NAMES.get(r.mode, "default"),
-        "answer": r.reward.extracted_answer, "exact_match": r.reward.exact_match, "f1": r.reward.f1,
+        "data_source": r.data_source, "mode": mode,
+        "answer": answer, "exact_match": em, "f1": f1, "cover_em": cover,
         "format": r.reward.format, "retrieval_rounds": r.retrieval_rounds, "queries": r.num_queries,
         "status": common_pb2.TrajectoryStatus.Name(r.status), "policy_version": r.policy_version,
         "response": r.response_text,

@@ -13,6 +13,7 @@ class SearchMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEARCH_MODE_SINGLE: _ClassVar[SearchMode]
     SEARCH_MODE_MULTI: _ClassVar[SearchMode]
     SEARCH_MODE_NONE: _ClassVar[SearchMode]
+    SEARCH_MODE_SEARCH_R1: _ClassVar[SearchMode]
 
 class SpanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +34,7 @@ SEARCH_MODE_UNSPECIFIED: SearchMode
 SEARCH_MODE_SINGLE: SearchMode
 SEARCH_MODE_MULTI: SearchMode
 SEARCH_MODE_NONE: SearchMode
+SEARCH_MODE_SEARCH_R1: SearchMode
 SPAN_KIND_UNSPECIFIED: SpanKind
 SPAN_KIND_GENERATED: SpanKind
 SPAN_KIND_INFORMATION: SpanKind

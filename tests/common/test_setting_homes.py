@@ -31,6 +31,7 @@ DISTINCT = {
     "lora_rank": "SFT trains every weight (RAG-R1's), PPO LoRA on CPUs",
     "gradient_checkpointing": "off for SFT's short sequences, on for PPO's long rollouts",
     "max_batch_rows": "the router's encoder batches, a shard's search batches",
+    "nprobe": "the IVF lists a built index searches; an import keeps the source index's own unless told",
     "max_wait_ms": "the router's encoder batching, a shard's search batching",
     "encoder_backend": "the backend an index is built with (an import: torch, as their server); the router's, empty: "
     "the index's",
@@ -64,6 +65,8 @@ RECORDS = {
     "EncoderSettings.max_passage_tokens": "an encoder preset's lengths (a build's setting overrides them)",
     "SourceFile.hnsw_m": "read from an imported FAISS file",
     "SourceFile.ef_search": "read from an imported FAISS file",
+    "SourceFile.nlist": "read from an imported FAISS file",
+    "SourceFile.nprobe": "read from an imported FAISS file",
     "Hit.shard": "the shard a search hit came from",
     "Parts.format": "a trajectory's format score",
     "Sample.temperature": "the temperature a rollout was sampled at",

@@ -273,7 +273,9 @@ def test_a_checkpoint_whose_directory_appears_before_its_files_is_loaded_once_co
         assert replica.follower.state == fleet.LOADING and replica.health == []
         (late / "model.safetensors").write_bytes(data)
         await until(lambda: replica.version == 1, "the completed checkpoint was never loaded")
-        assert replica.engine.loaded == [late] and replica.health == [True]
+        # Readiness turns SERVING just after the load, not in the same step: wait for it, do not race it.
+        await until(lambda: replica.health == [True], "readiness never turned SERVING after the load")
+        assert replica.engine.loaded == [late]
         await replica.close()
         announce(redis_client, 2, tmp_path / "never", digest, files)
         impatient = Replica(redis_client, "policy-1", model, checkpoint_wait_seconds=0.2)

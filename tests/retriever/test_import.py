@@ -22,6 +22,7 @@ from ragr1.services.retriever.encoder import DEFAULT_ENCODER, Encoder, EncoderSe
 from ragr1.services.retriever.faiss_file import UnsupportedIndex, open_source
 from ragr1.services.retriever.families import family_of, family_settings
 from ragr1.services.retriever.importer import CountMismatch, import_index
+from ragr1.services.retriever.ivf_file import IvfSource
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.router import Router
 from ragr1.services.retriever.shard import ShardSearcher
@@ -39,6 +40,8 @@ class SearchR1Layout:
     hnsw: Path
     parts: list[Path]  # the same rows as two FAISS files
     l2: Path
+    ivf: dict[str, Path]  # IVF-flat, IVF-PQ and a two-part IVF-PQ (one trained quantizer), probing 2 of 4 lists
+    ivf_parts: list[Path]
     settings: EncoderSettings
 
 
@@ -70,7 +73,23 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> SearchR1Layout:
     l2 = faiss.IndexFlatL2(vectors.shape[1])
     l2.add(vectors)
     faiss.write_index(l2, str(root / "l2.index"))
-    return SearchR1Layout(corpus, root / "e5_Flat.index", root / "e5_HNSW16.index", parts, root / "l2.index", settings)
+    ivf: dict[str, Path] = {}
+    ivf_parts = []
+    for kind, factory in (("ivfflat", "IVF4,Flat"), ("ivfpq", "IVF4,PQ16x4")):
+        index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        index.nprobe = 2  # FAISS writes it into the file; an approximate search, so the test means something
+        trained = faiss.clone_index(index)
+        index.add(vectors)
+        ivf[kind] = root / f"e5_{factory.replace(',', '_')}.index"
+        faiss.write_index(index, str(ivf[kind]))
+    for i, (a, b) in enumerate([(0, 100), (100, PASSAGES)]):
+        part = faiss.clone_index(trained)  # the last trained (IVF-PQ): parts share quantizer and codebooks
+        part.add(vectors[a:b])
+        ivf_parts.append(root / f"ivf-part{i}.index")
+        faiss.write_index(part, str(ivf_parts[-1]))
+    return SearchR1Layout(corpus, root / "e5_Flat.index", root / "e5_HNSW16.index", parts, root / "l2.index",
+                          ivf, ivf_parts, settings)
 
 
 def expected(original: Path, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,15 +98,17 @@ def expected(original: Path, queries: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return scores, rows
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "two-part"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "two-part", "ivfflat", "ivfpq"])
 def test_an_imported_index_served_by_shards_and_router_answers_as_faiss_on_the_original(
     kind: str, layout: SearchR1Layout, questions: list[str], tmp_path: Path, processes: list[ServiceProcess]
 ) -> None:
-    sources = {"flat": [layout.flat], "hnsw": [layout.hnsw], "two-part": layout.parts}[kind]
+    sources = {"flat": [layout.flat], "hnsw": [layout.hnsw], "two-part": layout.parts,
+               "ivfflat": [layout.ivf["ivfflat"]], "ivfpq": [layout.ivf["ivfpq"]]}[kind]
     out = tmp_path / "index"
     import_index(sources, out, layout.settings, num_shards=3, corpus=[layout.corpus], chunk_rows=7, progress=False)
     m = LoadedManifest(out).manifest
-    assert m.index.index_type == ("hnsw" if kind == "hnsw" else "flat") and m.num_shards == 3
+    assert m.index.index_type == {"hnsw": "hnsw", "ivfflat": "ivfflat", "ivfpq": "ivfpq"}.get(kind, "flat")
+    assert m.num_shards == 3
     assert m.encoder == layout.settings and m.index.metric == "ip"
     sample = questions[:24]
     shards = start_shards(out, 3, tmp_path, processes)
@@ -95,10 +116,44 @@ def test_an_imported_index_served_by_shards_and_router_answers_as_faiss_on_the_o
     with RetrieverClient(router["grpc"]) as client:
         reply = client.search(sample, TOP_K, omit_text=True, timeout=60)
     queries = Encoder(layout.settings, device="cpu").encode_queries(sample)
-    scores, rows = expected(layout.hnsw if kind == "hnsw" else layout.flat, queries)
+    original = {"hnsw": layout.hnsw, **layout.ivf}.get(kind, layout.flat)
+    scores, rows = expected(original, queries)
     for q, result in enumerate(reply.results):
         assert [p.id for p in result.passages] == [str(r) for r in rows[q]], sample[q]
         np.testing.assert_allclose([p.score for p in result.passages], scores[q], rtol=1e-5, atol=1e-5)
+
+
+def search_in_process(loaded: LoadedManifest, encoder: Encoder, sample: list[str]) -> list[list[tuple[str, float]]]:
+    """The router over in-process shard searchers (no servers): cheaper where the transport is not the point."""
+    lower_is_better = loaded.manifest.index.metric == "l2"
+
+    async def search() -> list[list[tuple[str, float]]]:
+        searchers = [ShardSearcher(loaded, i) for i in range(loaded.manifest.num_shards)]
+
+        class InProcess:
+            def __init__(self, s: ShardSearcher) -> None:
+                self.s = s
+
+            async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list:
+                return await self.s.search(embeddings, top_k, omit_text)
+
+        router = Router(encoder, [InProcess(s) for s in searchers], lower_is_better=lower_is_better)
+        try:
+            result = await router.search(sample, TOP_K)
+            return [[(h.id, h.score) for h in hits] for hits in result.results]
+        finally:
+            await router.aclose()
+            for s in searchers:
+                await s.aclose()
+
+    return asyncio.run(search())
+
+
+def assert_as_faiss(found: list[list[tuple[str, float]]], original: Path, queries: np.ndarray) -> None:
+    scores, rows = expected(original, queries)
+    for q, hits in enumerate(found):
+        assert [h[0] for h in hits] == [str(r) for r in rows[q]]
+        np.testing.assert_allclose([h[1] for h in hits], scores[q], rtol=1e-5, atol=1e-5)
 
 
 def test_an_l2_index_merges_its_shards_smallest_distance_first(layout: SearchR1Layout, questions: list[str],
@@ -108,31 +163,30 @@ def test_an_l2_index_merges_its_shards_smallest_distance_first(layout: SearchR1L
     assert loaded.manifest.index.metric == "l2"
     encoder = Encoder(layout.settings, device="cpu")
     sample = questions[:12]
+    assert_as_faiss(search_in_process(loaded, encoder, sample), layout.l2, encoder.encode_queries(sample))
 
-    async def search() -> list[list[tuple[str, float]]]:
-        searchers = [ShardSearcher(loaded, i) for i in range(3)]
 
-        class InProcess:
-            def __init__(self, s: ShardSearcher) -> None:
-                self.s = s
-
-            async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list:
-                return await self.s.search(embeddings, top_k, omit_text)
-
-        router = Router(encoder, [InProcess(s) for s in searchers], lower_is_better=True)
-        try:
-            result = await router.search(sample, TOP_K)
-            return [[(h.id, h.score) for h in hits] for hits in result.results]
-        finally:
-            await router.aclose()
-            for s in searchers:
-                await s.aclose()
-
-    found = asyncio.run(search())
-    scores, rows = expected(layout.l2, encoder.encode_queries(sample))
-    for q, hits in enumerate(found):
-        assert [h[0] for h in hits] == [str(r) for r in rows[q]]
-        np.testing.assert_allclose([h[1] for h in hits], scores[q], rtol=1e-5, atol=1e-5)
+def test_ivf_shards_stay_compressed_and_a_two_part_ivf_answers_as_the_whole(
+    layout: SearchR1Layout, questions: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "parts"
+    import_index(layout.ivf_parts, out, layout.settings, num_shards=3, corpus=[layout.corpus], progress=False)
+    loaded = LoadedManifest(out)
+    assert (loaded.manifest.index.index_type, loaded.manifest.index.nlist, loaded.manifest.index.nprobe) == (
+        "ivfpq", 4, 2)
+    # The codes are copied, not decoded: every shard's lists hold 8-byte PQ codes, all rows once.
+    shards = [IvfSource.open(loaded.shard_path(i)) for i in range(3)]
+    assert {s.code_size for s in shards} == {8} and sum(int(s.sizes.sum()) for s in shards) == PASSAGES
+    encoder = Encoder(layout.settings, device="cpu")
+    sample = questions[:12]
+    assert_as_faiss(search_in_process(loaded, encoder, sample), layout.ivf["ivfpq"], encoder.encode_queries(sample))
+    # Parts trained apart have other centroids: one query would probe different lists in each.
+    other = faiss.index_factory(loaded.manifest.dim, "IVF4,PQ16x4", faiss.METRIC_INNER_PRODUCT)
+    other.train(np.random.default_rng(1).random((200, loaded.manifest.dim), dtype=np.float32))
+    faiss.write_index(other, str(tmp_path / "other.index"))
+    with pytest.raises(ValueError, match="different coarse quantizers"):
+        import_index([layout.ivf_parts[0], tmp_path / "other.index"], tmp_path / "no", layout.settings,
+                     corpus=[layout.corpus], progress=False)
 
 
 def test_import_refuses_a_count_mismatch_and_indexes_it_cannot_split(layout: SearchR1Layout, tmp_path: Path) -> None:
@@ -140,11 +194,18 @@ def test_import_refuses_a_count_mismatch_and_indexes_it_cannot_split(layout: Sea
     short.write_text("".join(layout.corpus.read_text().splitlines(keepends=True)[:-1]))
     with pytest.raises(CountMismatch, match=rf"holds {PASSAGES} vectors, the corpus .* {PASSAGES - 1} passages"):
         import_index([layout.flat], tmp_path / "a", layout.settings, corpus=[short], progress=False)
-    ivf = faiss.index_factory(8, "IVF2,Flat")
-    ivf.train(np.random.default_rng(0).random((100, 8), dtype=np.float32))
-    faiss.write_index(ivf, str(tmp_path / "ivf.index"))
+    sq = faiss.index_factory(8, "IVF2,SQ8")
+    sq.train(np.random.default_rng(0).random((100, 8), dtype=np.float32))
+    faiss.write_index(sq, str(tmp_path / "sq.index"))
     with pytest.raises(UnsupportedIndex, match="cannot be imported"):
-        open_source(tmp_path / "ivf.index")
+        open_source(tmp_path / "sq.index")
+    ids = faiss.index_factory(8, "IVF2,Flat", faiss.METRIC_INNER_PRODUCT)
+    x = np.random.default_rng(0).random((PASSAGES, 8), dtype=np.float32)
+    ids.train(x)
+    ids.add_with_ids(x, np.arange(PASSAGES) + 1000)
+    faiss.write_index(ids, str(tmp_path / "ids.index"))
+    with pytest.raises(ValueError, match="ids are not its row numbers"):
+        import_index([tmp_path / "ids.index"], tmp_path / "b", layout.settings, corpus=[layout.corpus], progress=False)
     truncated = tmp_path / "truncated.index"
     truncated.write_bytes(layout.flat.read_bytes()[:-4])
     with pytest.raises(UnsupportedIndex, match="length field"):

@@ -39,6 +39,15 @@ def test_every_preset_loads_and_every_key_is_a_setting_it_sets(preset: str) -> N
         assert value == expected, key  # the preset's value reached the setting of that name
 
 
+@pytest.mark.parametrize("preset", NAMED)
+def test_every_presets_loop_fits_the_policys_context(preset: str) -> None:
+    from ragr1.services.policy.config import PolicyConfig
+
+    c = demo_config(preset)
+    PolicyConfig(max_turns=c.max_turns, max_tokens_per_turn=c.max_tokens_per_turn,
+                 tokens_per_query=c.tokens_per_query, max_model_len=c.max_model_len)  # refused if it cannot
+
+
 def test_the_sections_are_the_stage_commands_own_configs() -> None:
     fields = {f.name: f.type for f in dataclasses.fields(DemoConfig)}
     config = demo_config()
@@ -79,5 +88,5 @@ def test_a_preset_sits_over_the_default_and_flags_and_environment_over_both(tmp_
     assert flag.ppo.max_updates == 2
     with pytest.raises(ValueError, match="--preset or --config"):
         preset_files("quick", tmp_path / "mine.yaml")
-    with pytest.raises(ValueError, match="no demo preset 'fast'; presets: default, long, quick"):
+    with pytest.raises(ValueError, match="no demo preset 'fast'; presets: default, long, quick, rag-r1, search-r1"):
         preset_files("fast")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from ragr1.cli import build_parser
 from ragr1.services.common.config import from_args, home_of
 from ragr1.services.policy.config import PolicyConfig
@@ -64,18 +66,29 @@ def test_the_demo_s_sft_and_rl_commands_carry_its_settings(tmp_path: Path) -> No
 
 
 def test_the_demo_trains_with_the_trainer_s_default_learning_rates(tmp_path: Path) -> None:
-    """Unless told otherwise (or a preset says why), the demo's RL stage gets the rates a user of
-    ``ragr1 train ppo`` gets: no learning rate or LoRA rank on its command line."""
+    """Unless told otherwise, the demo's RL stage gets the rates a user of ``ragr1 train ppo`` gets: no
+    learning rate or LoRA rank on its command line. A preset that sets them (search-r1, rag-r1: their
+    published values, said in the file) gets exactly its own."""
     presets = sorted((Path(wiring.__file__).parent / "presets").glob("*.yaml"))
     assert len(presets) >= 3
+    own_rates = 0
     for preset in presets:
         demo = Demo(demo_config(preset.stem, run_dir=str(tmp_path / "run")))
         demo.model, demo.rl_file = tmp_path / "model", tmp_path / "rl.jsonl"
         args = demo.rl_spec(tmp_path / "sft-model", 1).args
-        assert not {"--actor-lr", "--critic-lr", "--lora-rank"} & set(args)
         ppo = from_args(PPOConfig, build_parser().parse_args(args))
-        assert (ppo.actor_learning_rate, ppo.critic_learning_rate) == (
-            PPOConfig().actor_learning_rate, PPOConfig().critic_learning_rate)
+        said = {k: v for k, v in (yaml.safe_load(preset.read_text()).get("ppo") or {}).items()
+                if k in ("actor_lr", "critic_lr", "lora_rank")}
+        if not said:
+            assert not {"--actor-lr", "--critic-lr", "--lora-rank"} & set(args), preset.name
+            assert (ppo.actor_learning_rate, ppo.critic_learning_rate) == (
+                PPOConfig().actor_learning_rate, PPOConfig().critic_learning_rate), preset.name
+            continue
+        own_rates += 1
+        chosen = {"actor_lr": ppo.actor_learning_rate, "critic_lr": ppo.critic_learning_rate,
+                  "lora_rank": ppo.lora_rank}
+        assert {k: chosen[k] for k in said} == said, preset.name
+    assert own_rates < len(presets)
 
 
 def test_what_the_stack_passes_on_under_a_setting_s_name_is_that_setting(tmp_path: Path) -> None:

@@ -132,6 +132,13 @@ def check_at_least(config: object, bounds: Sequence[tuple[str, int]]) -> None:
             raise ValueError(f"{name} must be at least {low}, got {value}")
 
 
+def check_required(config: object, fields: Sequence[tuple[str, str]]) -> None:
+    """Raises ValueError naming the first empty field of ``config`` and what it is for."""
+    for name, what in fields:
+        if not getattr(config, name):
+            raise ValueError(f"{name} is required: {what}")
+
+
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

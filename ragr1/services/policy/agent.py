@@ -149,7 +149,7 @@ class LoopConfig(ContextSettings, InformationSettings):
     # InformationSettings names its group; the loop's own settings are the policy's own.
     help_group: ClassVar[str] = ""
 
-    mode: str = setting(Mode.MULTI.value, "search mode of tasks that do not say: multi, single or none")
+    mode: str = setting(Mode.MULTI.value, "search mode of tasks that do not say: multi, single, none or search-r1")
     query_separator: str = setting(QUERY_SEPARATOR, "separator of queries inside <search>")
     max_queries_per_search: int = setting(MAX_QUERIES, "query cap per <search> (multi mode)")
     max_turns: int = setting(4, "generation turns before the final answer turn (RAG-R1: 4)")
@@ -449,7 +449,10 @@ class AgentLoop:
             t.retrieved += [(t.retrieval_rounds, p) for passages in mine for p in passages]
             t.retrieval_rounds += 1
             t.num_queries += len(action.queries)
-            block = self.information.block(
-                [q[: cfg.max_query_chars] for q in action.queries], mine, t.mode is Mode.MULTI
-            )
+            if t.mode is Mode.SEARCH_R1:
+                block = self.information.search_r1_block(mine)
+            else:
+                block = self.information.block(
+                    [q[: cfg.max_query_chars] for q in action.queries], mine, t.mode is Mode.MULTI
+                )
             self._insert(t, self._encode(block), block, SpanKind.INFORMATION)

@@ -15,6 +15,7 @@ _MODES = {
     common_pb2.SEARCH_MODE_SINGLE: Mode.SINGLE,
     common_pb2.SEARCH_MODE_MULTI: Mode.MULTI,
     common_pb2.SEARCH_MODE_NONE: Mode.NONE,
+    common_pb2.SEARCH_MODE_SEARCH_R1: Mode.SEARCH_R1,
 }
 SEARCH_MODES = {mode: value for value, mode in _MODES.items()}
 

@@ -21,16 +21,23 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ragr1.services.common.hashing import file_sha256
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings, copy_export, ensure_export
-from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
+from ragr1.services.retriever.manifest import EncoderExport, Manifest, shard_entry, shard_file, shard_ranges
 from ragr1.shipped import cache_dir, cache_lock
 
 EMBEDDINGS_META = "embeddings.json"
 DEFAULT_CHUNK_SIZE = 1024
 ENCODER_DIR = "encoder"
+
+
+def encoder_export(settings: EncoderSettings, out_dir: Path) -> EncoderExport | None:
+    """The ONNX export copied beside the index (None for torch, which loads the model by name), so that
+    the router encodes queries with exactly the network the manifest names."""
+    if settings.backend == "torch":
+        return None
+    return EncoderExport(ENCODER_DIR, copy_export(ensure_export(settings), Path(out_dir) / ENCODER_DIR))
 
 
 def embeddings_cache_dir(store: PassageStore, settings: EncoderSettings) -> Path:
@@ -145,10 +152,8 @@ def build_index(
     out_dir.mkdir(parents=True, exist_ok=True)
     ranges = shard_ranges(len(store), num_shards)
     on_gpu = faiss_index.use_gpu(gpu, faiss_index.gpu_count(faiss))
-    export = None
-    if settings.backend != "torch":
-        # The passages below are embedded by this same cached export.
-        export = EncoderExport(ENCODER_DIR, copy_export(ensure_export(settings), out_dir / ENCODER_DIR))
+    # The passages below are embedded by this same cached export.
+    export = encoder_export(settings, out_dir)
     embeddings = embed_store(
         store,
         settings,
@@ -160,23 +165,15 @@ def build_index(
     entries = []
     dim = 0
     for shard, (start, end) in enumerate(tqdm(ranges, desc="index", unit=" shards", disable=not progress)):
-        name = f"shard-{shard:03d}-of-{num_shards:03d}.{spec.index_type}.faiss"
+        name = shard_file(shard, num_shards, spec.index_type)
         vectors = embeddings.rows(start, end)
         dim = int(vectors.shape[1])
         index = faiss_index.build(faiss, vectors, spec, on_gpu)
         tmp = out_dir / (name + ".tmp")
         faiss.write_index(index, str(tmp))
         os.replace(tmp, out_dir / name)
-        entries.append(ShardEntry(name, start, end, file_sha256(out_dir / name), (out_dir / name).stat().st_size))
-    manifest = Manifest(
-        encoder=settings,
-        dim=dim,
-        index=spec,
-        num_passages=len(store),
-        store_dir=os.path.relpath(store.directory.resolve(), out_dir.resolve()),
-        store_sha256=store.sha256,
-        shards=tuple(entries),
-        encoder_export=export,
+        entries.append(shard_entry(out_dir, name, start, end))
+    manifest = Manifest.over_store(
+        out_dir, encoder=settings, dim=dim, index=spec, store=store, shards=entries, encoder_export=export
     )
-    path = manifest.save(out_dir)
-    return path
+    return manifest.save(out_dir)

@@ -66,6 +66,7 @@ def _import(config: ImportConfig) -> int:
         words=config.words,
         chunk_rows=config.chunk_rows,
         ef_search=config.ef_search,
+        nprobe=config.nprobe,
         progress=sys.stderr.isatty(),
     )
     print(f"index imported; manifest {path}")

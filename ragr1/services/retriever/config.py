@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_at_least, check_choice, same_as, setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, check_required, same_as, setting
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.retriever import plan
 from ragr1.services.retriever.build import DEFAULT_CHUNK_SIZE
@@ -83,10 +83,8 @@ class BuildConfig(IndexParams):
 
     def validate(self) -> None:
         super().validate()
-        if not self.store:
-            raise ValueError("store is required: the passage store from `ragr1 corpus ingest`")
-        if not self.out:
-            raise ValueError("out is required: the directory the index is written to")
+        check_required(self, (("store", "the passage store from `ragr1 corpus ingest`"),
+                              ("out", "the directory the index is written to")))
         check_choice("encoder_backend", self.encoder_backend, BACKENDS)
         check_choice("gpu", self.gpu, GPU_MODES)
         check_at_least(self, (("num_shards", 1), ("max_passage_tokens", 0), ("chunk_size", 1)))
@@ -100,8 +98,8 @@ class ImportConfig(Validated):
     """``ragr1 index import``."""
 
     input: list[str] = setting(
-        list, "FAISS index file(s), flat (IP or L2) or HNSW-flat; several: parts whose rows continue in order "
-        "(comma-separated)", factory=True,
+        list, "FAISS index file(s), flat (IP or L2), HNSW-flat, IVF-flat or IVF-PQ; several: parts whose rows "
+        "continue in order (comma-separated)", factory=True,
     )
     corpus: list[str] = setting(
         list, "corpus files whose line i is row i of the index (Search-R1's wiki-18.jsonl; comma-separated)",
@@ -122,25 +120,24 @@ class ImportConfig(Validated):
         "torch", "torch (float32, as their server), onnx or onnx-int8 (an export kept beside the index)"
     )
     ef_search: int = setting(0, "hnsw: search beam of the shards; 0 keeps the source index's")
+    nprobe: int = setting(0, "ivf: lists searched by the shards; 0 keeps the source index's")
     chunk_rows: int = setting(DEFAULT_CHUNK_ROWS, "vectors copied per read: the memory an import of a flat index needs")
 
     def validate(self) -> None:
         super().validate()
-        if not self.input:
-            raise ValueError("input is required: the FAISS index file(s)")
+        check_required(self, (("input", "the FAISS index file(s)"),))
         if bool(self.corpus) == bool(self.store):
             raise ValueError("give exactly one of corpus (JSONL or KILT files) and store (a passage store)")
-        if not self.out:
-            raise ValueError("out is required: the directory the index is written to")
-        if not self.encoder:
-            raise ValueError("encoder is required: the model the index was built with (e.g. intfloat/e5-base-v2)")
+        check_required(self, (("out", "the directory the index is written to"),
+                              ("encoder", "the model the index was built with (e.g. intfloat/e5-base-v2)")))
         check_choice("corpus_format", self.corpus_format, CORPUS_FORMATS)
         check_choice("encoder_family", self.encoder_family, FAMILIES)
         if self.pooling:
             check_choice("pooling", self.pooling, ("mean", "cls"))
         check_choice("encoder_backend", self.encoder_backend, BACKENDS)
         check_at_least(self, (
-            ("words", 1), ("num_shards", 1), ("max_query_tokens", 1), ("ef_search", 0), ("chunk_rows", 1),
+            ("words", 1), ("num_shards", 1), ("max_query_tokens", 1), ("ef_search", 0), ("nprobe", 0),
+            ("chunk_rows", 1),
         ))
 
     def encoder_settings(self) -> EncoderSettings:

@@ -6,7 +6,8 @@ holding the vectors, so in both the vectors are the file's last ``ntotal * d * 4
 those by ranges with ``pread`` (not a memory map: mapped pages count as the process's resident memory
 until the kernel evicts them) keeps an import's memory at the size of one chunk. The layout is
 checked, not assumed: the length field before the block must match, and the first and last rows
-must equal what FAISS itself reconstructs from the file.
+must equal what FAISS itself reconstructs from the file. IVF files (``IwFl``, ``IwPQ``) are split by
+their inverted lists instead (``ivf_file``), compressed as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+from ragr1.services.retriever.ivf_file import IVF_FOURCC, check_same_quantizer
 
 FLAT_FOURCC = {b"IxFI": "ip", b"IxF2": "l2"}
 HNSW_FOURCC = b"IHNf"
@@ -33,7 +36,8 @@ class UnsupportedIndex(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SourceFile:
-    """One FAISS file: its kind (``flat`` or ``hnsw``), shape, metric, where its vectors start."""
+    """One FAISS file: its kind (``flat``, ``hnsw``, ``ivfflat`` or ``ivfpq``), shape, metric, where its
+    vectors start (flat and HNSW)."""
 
     path: Path
     kind: str
@@ -44,6 +48,8 @@ class SourceFile:
     hnsw_m: int = 0
     ef_construction: int = 0
     ef_search: int = 0
+    nlist: int = 0
+    nprobe: int = 0
 
     def rows(self, start: int, end: int) -> np.ndarray:
         """Rows ``start..end`` of this file, read from disk (no memory map)."""
@@ -73,14 +79,18 @@ def open_source(path: Path) -> SourceFile:
         if len(raw) < _HEADER.size:
             raise UnsupportedIndex(f"{path}: {size} bytes, too short for a FAISS index")
         fourcc, dim, ntotal, _, _, _, metric_type = _HEADER.unpack(raw)
-        if fourcc not in FLAT_FOURCC and fourcc != HNSW_FOURCC:
+        if fourcc not in FLAT_FOURCC and fourcc != HNSW_FOURCC and fourcc not in IVF_FOURCC:
             raise UnsupportedIndex(
-                f"{path}: FAISS index type {fourcc!r} cannot be imported; flat (IxFI, IxF2) and HNSW-flat "
-                "(IHNf) can (IVF: rebuild it as flat or HNSW, or serve it through `ragr1 index build`)"
+                f"{path}: FAISS index type {fourcc!r} cannot be imported; flat (IxFI, IxF2), HNSW-flat (IHNf), "
+                "IVF-flat (IwFl) and IVF-PQ (IwPQ) can (others: import their flat original, or rebuild with "
+                "`ragr1 index build`)"
             )
         if metric_type not in METRICS:
             raise UnsupportedIndex(f"{path}: metric type {metric_type}; only inner product and L2 are served")
         metric = METRICS[metric_type]
+        if fourcc in IVF_FOURCC:
+            nlist, nprobe = struct.unpack("<QQ", handle.read(16))
+            return SourceFile(path, IVF_FOURCC[fourcc], dim, ntotal, metric, 0, nlist=nlist, nprobe=nprobe)
         data_offset = size - ntotal * dim * 4
         hnsw: dict[str, int] = {}
         if fourcc == HNSW_FOURCC:
@@ -134,6 +144,8 @@ class SourceParts:
                         f"{part.path} has {fact} {getattr(part, fact)}, {first.path} has {getattr(first, fact)}: "
                         "the parts of one index must agree"
                     )
+            if part.kind.startswith("ivf"):
+                check_same_quantizer(first.path, part.path)
         self.bounds = np.cumsum([0, *(p.ntotal for p in self.parts)])
 
     @property
@@ -143,6 +155,11 @@ class SourceParts:
     @property
     def first(self) -> SourceFile:
         return self.parts[0]
+
+    def ivf_parts(self, start: int, end: int) -> list[tuple[Path, int]]:
+        """The files holding rows ``start..end``, each with its first row's global number."""
+        return [(p.path, int(lo)) for p, lo, hi in zip(self.parts, self.bounds[:-1], self.bounds[1:], strict=True)
+                if lo < end and hi > start]
 
     @property
     def nbytes(self) -> int:

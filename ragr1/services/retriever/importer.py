@@ -7,6 +7,9 @@ ranges ``ragr1 index build`` uses, and each shard is written before the next is 
 - flat (inner product or L2): the vectors are copied chunk by chunk from the source into the shard
   file, so the memory an import needs is one chunk (``chunk_rows`` x dim x 4 bytes), whatever the
   size of the index or of a shard;
+- IVF-flat and IVF-PQ: each shard is an IVF index with the source's trained quantizer (and codebooks)
+  holding its rows' entries of every inverted list, copied compressed (``ivf_file``); memory is one
+  shard's compressed size;
 - HNSW-flat: a graph cannot be cut into sub-graphs, so each shard's graph is rebuilt by adding its
   rows' stored vectors to a new HNSW index with the source's M and efConstruction (no embedding, but
   graph construction: one shard's vectors and graph in memory, and the CPU time of an HNSW build).
@@ -28,13 +31,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ragr1.services.common.hashing import file_sha256
-from ragr1.services.retriever.build import ENCODER_DIR
+from ragr1.services.retriever.build import encoder_export
 from ragr1.services.retriever.corpus import KILT_WORDS_PER_PASSAGE, PassageStore, read_corpus, write_store
-from ragr1.services.retriever.encoder import EncoderSettings, copy_export, ensure_export
+from ragr1.services.retriever.encoder import EncoderSettings
 from ragr1.services.retriever.faiss_file import SourceParts, write_flat
 from ragr1.services.retriever.index import IndexSpec
-from ragr1.services.retriever.manifest import EncoderExport, Manifest, ShardEntry, shard_ranges
+from ragr1.services.retriever.ivf_file import write_ivf_shard
+from ragr1.services.retriever.manifest import Manifest, shard_entry, shard_file, shard_ranges
 
 DEFAULT_CHUNK_ROWS = 32768
 IMPORT_FILE = "import.json"
@@ -59,7 +62,9 @@ def _write_shard(parts: SourceParts, path: Path, start: int, end: int, chunk_row
 
     first = parts.first
     tmp = path.with_name(path.name + ".tmp")
-    if first.kind == "flat":
+    if first.kind.startswith("ivf"):
+        write_ivf_shard(parts.ivf_parts(start, end), tmp, start, end)
+    elif first.kind == "flat":
         write_flat(tmp, first.dim, first.metric, end - start, parts.chunks(start, end, chunk_rows))
     else:
         metric = faiss.METRIC_INNER_PRODUCT if first.metric == "ip" else faiss.METRIC_L2
@@ -83,10 +88,11 @@ def import_index(
     words: int = KILT_WORDS_PER_PASSAGE,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     ef_search: int = 0,
+    nprobe: int = 0,
     progress: bool = True,
 ) -> Path:
     """Writes ``num_shards`` shards of ``sources``, the store (unless given) and the manifest; returns
-    the manifest's path. ``ef_search`` 0 keeps an HNSW source's own."""
+    the manifest's path. ``ef_search`` 0 keeps an HNSW source's own, ``nprobe`` 0 an IVF source's."""
     started = time.perf_counter()
     parts = SourceParts([Path(s) for s in sources])
     first = parts.first
@@ -100,30 +106,23 @@ def import_index(
     else:
         described = str(store.directory)
     check_counts(parts, len(store), described)
-    export = None
-    if settings.backend != "torch":
-        export = EncoderExport(ENCODER_DIR, copy_export(ensure_export(settings), out_dir / ENCODER_DIR))
+    export = encoder_export(settings, out_dir)
     spec = IndexSpec(
         first.kind,
         hnsw_m=first.hnsw_m or IndexSpec.hnsw_m,
         ef_search=ef_search or first.ef_search or IndexSpec.ef_search,
+        nlist=first.nlist or IndexSpec.nlist,
+        nprobe=nprobe or first.nprobe or IndexSpec.nprobe,
         metric=first.metric,
     )
     entries = []
     ranges = shard_ranges(parts.ntotal, num_shards)
     for shard, (start, end) in enumerate(tqdm(ranges, desc="import", unit=" shards", disable=not progress)):
-        name = f"shard-{shard:03d}-of-{num_shards:03d}.{spec.index_type}.faiss"
+        name = shard_file(shard, num_shards, spec.index_type)
         _write_shard(parts, out_dir / name, start, end, chunk_rows)
-        entries.append(ShardEntry(name, start, end, file_sha256(out_dir / name), (out_dir / name).stat().st_size))
-    manifest = Manifest(
-        encoder=settings,
-        dim=first.dim,
-        index=spec,
-        num_passages=len(store),
-        store_dir=os.path.relpath(store.directory.resolve(), out_dir.resolve()),
-        store_sha256=store.sha256,
-        shards=tuple(entries),
-        encoder_export=export,
+        entries.append(shard_entry(out_dir, name, start, end))
+    manifest = Manifest.over_store(
+        out_dir, encoder=settings, dim=first.dim, index=spec, store=store, shards=entries, encoder_export=export
     )
     provenance = {
         "sources": [

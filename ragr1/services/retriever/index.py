@@ -8,13 +8,15 @@ compresses vectors to ``pq_m`` bytes each (about 64 bytes a passage) and searche
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 
 INDEX_TYPES = ("flat", "ivfpq", "hnsw")
+# What shards serve: the built types, and IVF-flat, which only an import brings.
+SERVED_TYPES = (*INDEX_TYPES, "ivfflat")
 # Built indexes are inner product; imported ones keep their metric (L2: lower scores are better).
 METRICS = ("ip", "l2")
 GPU_MODES = ("auto", "never", "always")
@@ -23,6 +25,8 @@ GPU_MODES = ("auto", "never", "always")
 @dataclasses.dataclass
 class IndexParams(Validated):
     """The index a build makes (``ragr1 index build``'s settings, the stack's and the chart's)."""
+
+    index_types: ClassVar[tuple[str, ...]] = INDEX_TYPES
 
     index_type: str = setting(
         "flat", f"one of {', '.join(INDEX_TYPES)} (flat: exact inner product; the others compress)"
@@ -37,7 +41,7 @@ class IndexParams(Validated):
 
     def validate(self) -> None:
         super().validate()
-        check_choice("index_type", self.index_type, INDEX_TYPES)
+        check_choice("index_type", self.index_type, self.index_types)
         check_at_least(self, (
             ("nlist", 1), ("pq_m", 1), ("pq_bits", 1), ("nprobe", 1), ("hnsw_m", 2), ("ef_search", 1),
         ))
@@ -45,7 +49,9 @@ class IndexParams(Validated):
 
 @dataclasses.dataclass
 class IndexSpec(IndexParams):
-    """An index as its manifest records it: what was built, or imported with its own metric."""
+    """An index as its manifest records it: what was built, or imported with its own metric and type."""
+
+    index_types: ClassVar[tuple[str, ...]] = SERVED_TYPES
 
     metric: str = "ip"
 
@@ -99,7 +105,7 @@ def build(faiss: Any, vectors: np.ndarray, spec: IndexSpec, gpu: bool) -> Any:
 
 def prepare_for_search(faiss: Any, index: Any, spec: IndexSpec, gpu: bool) -> Any:
     """Applies the search-time settings and moves the index to the chosen device."""
-    if spec.index_type == "ivfpq":
+    if spec.index_type.startswith("ivf"):
         faiss.extract_index_ivf(index).nprobe = spec.nprobe
     elif spec.index_type == "hnsw":
         index.hnsw.efSearch = spec.ef_search
@@ -110,10 +116,10 @@ def mmap_flag(faiss: Any, index_type: str) -> int:
     """The ``read_index`` flag that memory-maps this kind of index instead of reading it whole.
 
     Flat and HNSW keep their vectors in an ``IndexFlatCodes`` that FAISS can map in place
-    (``IO_FLAG_MMAP_IFC``; HNSW's graph is still read); IVF-PQ maps its inverted lists (``IO_FLAG_MMAP``).
+    (``IO_FLAG_MMAP_IFC``; HNSW's graph is still read); IVF maps its inverted lists (``IO_FLAG_MMAP``).
     Mapped pages are read from disk on first touch and are shared by every process mapping the file.
     """
-    if index_type == "ivfpq":
+    if index_type.startswith("ivf"):
         return int(faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
     return int(faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
 

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,31 @@ class Manifest:
     # None for the torch backend (the model is loaded by name).
     encoder_export: EncoderExport | None = None
 
+    @classmethod
+    def over_store(
+        cls,
+        out_dir: Path,
+        *,
+        encoder: EncoderSettings,
+        dim: int,
+        index: IndexSpec,
+        store: PassageStore,
+        shards: Sequence[ShardEntry],
+        encoder_export: EncoderExport | None,
+    ) -> Manifest:
+        """The manifest of shards written into ``out_dir`` over ``store`` (built or imported alike): the
+        store is named relative to the index, so the two move together."""
+        return cls(
+            encoder=encoder,
+            dim=dim,
+            index=index,
+            num_passages=len(store),
+            store_dir=os.path.relpath(store.directory.resolve(), Path(out_dir).resolve()),
+            store_sha256=store.sha256,
+            shards=tuple(shards),
+            encoder_export=encoder_export,
+        )
+
     @property
     def num_shards(self) -> int:
         return len(self.shards)
@@ -74,6 +100,16 @@ class Manifest:
         tmp.write_text(self.to_json())
         os.replace(tmp, path)
         return path
+
+
+def shard_file(shard: int, num_shards: int, index_type: str) -> str:
+    return f"shard-{shard:03d}-of-{num_shards:03d}.{index_type}.faiss"
+
+
+def shard_entry(out_dir: Path, name: str, start: int, end: int) -> ShardEntry:
+    """The entry of a shard file just written into ``out_dir``, its checksum and size read from disk."""
+    path = Path(out_dir) / name
+    return ShardEntry(name, start, end, file_sha256(path), path.stat().st_size)
 
 
 def shard_ranges(num_passages: int, num_shards: int) -> list[tuple[int, int]]:

@@ -44,6 +44,7 @@ _SEARCH_MODES = {
     Mode.SINGLE: common_pb2.SEARCH_MODE_SINGLE,
     Mode.MULTI: common_pb2.SEARCH_MODE_MULTI,
     Mode.NONE: common_pb2.SEARCH_MODE_NONE,
+    Mode.SEARCH_R1: common_pb2.SEARCH_MODE_SEARCH_R1,
 }
 
 

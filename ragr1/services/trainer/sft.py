@@ -66,7 +66,9 @@ class SFTTrainer:
         # make the host wait for the device each time.
         total: torch.Tensor | float = 0.0
         for start in range(0, len(batch), c.micro_batch_size):
-            micro = batch.select(range(start, min(len(batch), start + c.micro_batch_size)))
+            # On the model's device before the forward, which then finds it there: the loss needs the mask
+            # beside the log-probs.
+            micro = batch.select(range(start, min(len(batch), start + c.micro_batch_size))).to(self.model.device)
             out = self.model(micro)
             loss = sft_loss(out.logprobs, micro.mask, denominator)
             loss.backward()
