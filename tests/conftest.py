@@ -41,6 +41,7 @@ LONG_MODULES = (
     "tests/trainer/test_learning.py",
     "tests/trainer/test_engine_sync.py",
     "tests/policy/test_integration.py",
+    "tests/policy/test_async_rollouts.py",
     "tests/trainer/test_ray_train.py",
     "tests/test_lint.py",
     "tests/trainer/test_loop.py",

@@ -180,8 +180,20 @@ POLICY = Dashboard(
                   [(rate("ragr1_policy_generated_tokens_total"), "all replicas"),
                    ("ragr1_policy_generation_tokens_per_second", "last batch {{instance}}")]),
             latency("Time to first token", "ragr1_policy_time_to_first_token_seconds"),
+            Panel("Engine occupancy",
+                  [("ragr1_policy_engine_requests / ragr1_policy_engine_max_num_seqs", "requests / max_num_seqs "
+                    "{{instance}}"),
+                   ("rate(ragr1_policy_engine_idle_seconds_total[" + RATE + "])", "idle {{instance}}")],
+                  unit="percentunit",
+                  description="Requests inside each replica's engine over what it batches at once, and the share "
+                  "of time it held none: the lock-step loop empties it at the end of every turn and batch."),
         ]),
         ("Rollouts", [
+            Panel("Trajectories in flight", [("ragr1_policy_trajectories_in_flight", "{{instance}}")]),
+            Panel("Trajectory time by phase (mean)",
+                  [(mean("ragr1_policy_trajectory_phase_seconds", "phase"), "{{phase}}")], unit="s",
+                  description="Per trajectory: in its own generation requests, in its searches, and waiting (on "
+                  "the other trajectories of a lock-step turn)."),
             latency("Rollout batch latency", "ragr1_policy_rollout_seconds"),
             Panel("Share of rollout time waiting on retrieval",
                   [("ragr1_policy_retrieval_wait_ratio", "last batch {{instance}}"),

@@ -449,7 +449,7 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
     index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
-    worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2, "grace_seconds": GRACE_S}
+    worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2, "max_in_flight": 2, "grace_seconds": GRACE_S}
 
     def replica(i: int) -> ServiceSpec:
         return wiring.policy_spec(config, ports, model, worker, name=replica_name(i), port=ports.replica(i))

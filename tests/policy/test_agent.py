@@ -189,6 +189,10 @@ def test_seeds_differ_per_trajectory(tokenizer: Any, seed: int | None) -> None:
     loop = AgentLoop(Recorder(tokenizer, script), ScriptedSearch(), tokenizer, LoopConfig())
     tasks = [Task("1", "q 1"), Task("2", "q 2")]
     asyncio.run(loop.run(tasks, dataclasses.replace(Sampling(), seed=seed), version=0))
+    # Sample 0 of each task: different prompts may share seeds, samples of one prompt do not.
+    assert seen == ([None, None] if seed is None else [5, 5])
+    seen.clear()
+    asyncio.run(loop.run([tasks[0], tasks[0]], dataclasses.replace(Sampling(), seed=seed), version=0))
     assert seen == ([None, None] if seed is None else [5, 1005])
 
 
@@ -283,3 +287,77 @@ def test_no_retrieval_mode_answers_in_one_turn_and_never_searches(tokenizer: Any
     assert [t.status for t in out] == [TrajectoryStatus.NO_ANSWER, TrajectoryStatus.ANSWERED]
     assert search.calls == [] and [t.num_turns for t in out] == [1, 1]
     assert "<search>" not in tokenizer.decode(out[0].prompt_ids)
+
+
+def run_each(loop: AgentLoop, tasks: list[Task], sampling: Sampling, version: int = 7,
+             positions: list[int] | None = None) -> list[Trajectory]:
+    """The tasks as the async loop runs them: every trajectory its own coroutine, all at once."""
+    places = positions or [0] * len(tasks)
+
+    async def go() -> list[Trajectory]:
+        return list(await asyncio.gather(
+            *(loop.run_one(task, sampling, version=version, position=k) for k, task in zip(places, tasks, strict=True))
+        ))
+
+    return asyncio.run(go())
+
+
+def test_each_trajectory_on_its_own_gives_the_lock_step_trajectories(tokenizer: Any) -> None:
+    """The same turn logic in both schedules: with a deterministic engine, the same ids, masks, log-probs,
+    spans and counts; each trajectory's searches are its own calls and its generations its own requests."""
+    script = {"q two hop": TWO_HOP, "q one at a time": ONE_AT_A_TIME, "q mixed": ["I am not sure.", *TWO_HOP],
+              "q forever": ["<search> more </search>"]}
+    tasks = [Task(f"t{i}", q) for i, q in enumerate(script)]
+    sampling = Sampling(max_tokens_per_turn=64)
+    lockstep, _, lockstep_search = run(tokenizer, script, tasks=tasks, max_turns=2)
+    engine, search = ScriptedEngine(tokenizer, script), ScriptedSearch()
+    each = run_each(AgentLoop(engine, search, tokenizer, LoopConfig(max_turns=2)), tasks, sampling)
+    fields = ("status", "response_ids", "loss_mask", "logprobs", "spans", "num_turns", "retrieval_rounds",
+              "num_queries", "invalid_actions", "retrieved", "policy_version", "position")
+    for a, b in zip(lockstep, each, strict=True):
+        assert {f: getattr(a, f) for f in fields} == {f: getattr(b, f) for f in fields}
+        assert b.wall_seconds >= b.generation_seconds + b.retrieval_seconds - 1e-6
+    assert set(engine.batch_sizes) == {1}
+    assert all(set(groups) == {0} for _, groups in search.calls)
+    assert sorted(q for queries, _ in search.calls for q in queries) == sorted(
+        q for queries, _ in lockstep_search.calls for q in queries
+    )
+    assert len(search.calls) == sum(t.retrieval_rounds for t in each) > len(lockstep_search.calls)
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_seeds_follow_the_trajectory_not_the_schedule(tokenizer: Any, seed: int | None) -> None:
+    """A trajectory's seeds derive from its place in the request and the turn: the same whether the others
+    have ended (lock-step) or run on their own."""
+    seen: dict[str, list[Any]] = {}
+
+    class Recorder(ScriptedEngine):
+        async def generate(self, requests, sampling, stop):  # type: ignore[no-untyped-def]
+            out = await super().generate(requests, sampling, stop)
+            for r in requests:
+                question = _question(self.tokenizer, r.prompt_ids)
+                seen.setdefault(question, []).append(r.seed)
+            return out
+
+    script = {"q 1": ["<answer> a </answer>"], "q 2": ONE_AT_A_TIME}
+    tasks = [Task("1", "q 1"), Task("2", "q 2")]
+    sampling = dataclasses.replace(Sampling(), seed=seed)
+    asyncio.run(AgentLoop(Recorder(tokenizer, script), ScriptedSearch(), tokenizer, LoopConfig()).run(
+        tasks, sampling, version=0))
+    lockstep, seen = seen, {}
+    run_each(AgentLoop(Recorder(tokenizer, script), ScriptedSearch(), tokenizer, LoopConfig()), tasks, sampling)
+    assert seen == lockstep
+    assert lockstep["q 2"] == ([None] * 3 if seed is None else [5, 6, 7])
+
+
+def _question(tokenizer: Any, ids: Any) -> str:
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return text.split("Question: ")[1].split("\n")[0]
+
+
+def test_an_abort_ends_a_trajectory_on_its_own_at_its_next_turn(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, {"q a": ONE_AT_A_TIME})
+    loop = AgentLoop(engine, ScriptedSearch(), tokenizer, LoopConfig())
+    calls = iter([False, True])
+    t = asyncio.run(loop.run_one(Task("a", "q a"), Sampling(), version=1, should_abort=lambda: next(calls)))
+    assert t.status is TrajectoryStatus.ABORTED and t.num_turns == 1 and t.retrieval_rounds == 1

@@ -17,7 +17,7 @@ from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling, Task
 from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.follower import WeightFollower
-from ragr1.services.policy.runtime import Policy, RolloutLimits
+from ragr1.services.policy.runtime import LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
@@ -26,6 +26,10 @@ SCRIPT = {
     "Capital of France?": ["<think>Known.</think><answer> Paris </answer>"],
     "Who wrote Hamlet?": ["<search> Hamlet author </search>", "<answer> Shakespeare </answer>"],
 }
+
+
+# The lock-step worker's tests; tests/policy/test_streaming.py has the async worker's.
+LOCKSTEP_LOOP = RolloutLoopSettings(rollout_loop=LOCKSTEP)
 
 
 def make_policy(tokenizer: Any, model_dir: Path, search: ScriptedSearch) -> Policy:
@@ -37,6 +41,7 @@ def make_policy(tokenizer: Any, model_dir: Path, search: ScriptedSearch) -> Poli
         model_dir=model_dir,
         default_sampling=Sampling(),
         limits=RolloutLimits(max_batch=8),
+        schedule=LOCKSTEP_LOOP,
     )
 
 
@@ -242,7 +247,7 @@ def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_
     prompts.produce([*tasks(), common_pb2.PromptTask(id="later", question="Capital of France?")])
     engine = engine_kind(tokenizer)
     policy = Policy(engine, tokenizer, ScriptedSearch(), LoopConfig(), model_dir=policy_model_dir,
-                    default_sampling=Sampling(), limits=RolloutLimits(max_batch=8))
+                    default_sampling=Sampling(), limits=RolloutLimits(max_batch=8), schedule=LOCKSTEP_LOOP)
     worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=2,
                            block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
                            grace_seconds=0.4)

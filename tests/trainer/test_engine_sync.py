@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from ragr1.services.trainer.model import PolicyModel, collate
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
+from tests.common.engine import running_engine
 from tests.trainer.rollouts import produce
 
 pytestmark = pytest.mark.slow
@@ -49,19 +49,8 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[tuple[VllmEngine, asyncio.AbstractEventLoop]]:
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    loop = asyncio.new_event_loop()
-    settings = EngineSettings(dtype="float32", max_model_len=1024, kv_cache_gib=1)
-
-    async def start() -> VllmEngine:
-        return VllmEngine.start(settings, prepare_policy_model())
-
-    vllm = loop.run_until_complete(start())
-    try:
-        yield vllm, loop
-    finally:
-        vllm.shutdown()
-        loop.close()
+    with running_engine(EngineSettings(dtype="float32", max_model_len=1024, kv_cache_gib=1)) as started:
+        yield started
 
 
 def prompts(tokenizer: Any) -> list[list[int]]:

@@ -1,8 +1,11 @@
-"""RAG-R1's multi-turn search agent loop, batched across trajectories, engine-agnostic.
+"""RAG-R1's multi-turn search agent loop, engine-agnostic, in two schedules over the same turn logic.
 
-Each turn, every live trajectory generates in one engine call, stopping at ``</search>`` or
-``</answer>``; the queries of all trajectories that searched go to the retriever in one call; the
-passages come back as an ``<information>`` block (``ragr1.protocol.information``). Token ids are kept end
+Lock-step (``run``): each turn, every live trajectory generates in one engine call, stopping at
+``</search>`` or ``</answer>``; the queries of all trajectories that searched go to the retriever in one
+call. Each on its own (``run_one``): a trajectory generates, searches and generates again without
+waiting for any other, so an engine with continuous batching (vLLM's) sees every live request at
+once, and the retriever's router micro-batches the searches that meet. Either way the passages come
+back as an ``<information>`` block (``ragr1.protocol.information``). Token ids are kept end
 to end: the generated ids are appended as the engine returned them, and only the inserted text
 (information, feedback) is tokenised, so the trainer sees exactly the tokens the behaviour policy saw
 and sampled. Every piece of the response is also kept as a ``Span`` saying who wrote it, which is what
@@ -97,6 +100,9 @@ class Generation:
     finish_reason: str = "stop"
     # Seconds from submission to the first token, when the engine knows it.
     first_token_seconds: float | None = None
+    # Seconds from submission to the last token, when the engine knows it: the request's own time, which in
+    # a lock-step turn is shorter than the turn's.
+    seconds: float | None = None
 
     @property
     def ended_on_stop_token(self) -> bool:
@@ -185,6 +191,9 @@ class Trajectory:
     policy_version: int
     # The mode the trajectory ran in (the task's, or the loop's default).
     mode: Mode = Mode.MULTI
+    # Which sample of its task it is (``sample_indexes``): seeds derive from it, so that a seeded prompt draws
+    # the same trajectories whichever schedule, batch or group runs it.
+    position: int = 0
     response_ids: list[int] = dataclasses.field(default_factory=list)
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -203,6 +212,10 @@ class Trajectory:
     generation_seconds: float = 0.0
     retrieval_seconds: float = 0.0
     first_token_seconds: float | None = None
+    # From its start to its end; what generation and retrieval do not account for was spent waiting (on the
+    # other trajectories of a lock-step turn, for the event loop).
+    wall_seconds: float = 0.0
+    started: float = dataclasses.field(default_factory=time.perf_counter, repr=False)
 
     @property
     def length(self) -> int:
@@ -211,6 +224,10 @@ class Trajectory:
     @property
     def live(self) -> bool:
         return self.status is TrajectoryStatus.RUNNING
+
+    @property
+    def waiting_seconds(self) -> float:
+        return max(0.0, self.wall_seconds - self.generation_seconds - self.retrieval_seconds)
 
     def add_generated(self, ids: Sequence[int], logprobs: Sequence[float], text: str) -> None:
         self.response_ids += ids
@@ -226,6 +243,18 @@ class Trajectory:
 
     def end(self, status: TrajectoryStatus, error: str = "") -> None:
         self.status, self.error = status, error
+        self.wall_seconds = time.perf_counter() - self.started
+
+
+def sample_indexes(task_ids: Sequence[str]) -> list[int]:
+    """For each entry, how many entries before it have the same task id: sample k of a task (its rollout id is
+    "<task id>/k")."""
+    seen: dict[str, int] = {}
+    out = []
+    for task_id in task_ids:
+        out.append(seen.get(task_id, 0))
+        seen[task_id] = out[-1] + 1
+    return out
 
 
 class AgentLoop:
@@ -255,6 +284,18 @@ class AgentLoop:
         )
         return chat_prompt_ids(self.tokenizer, text)
 
+    def _start(self, task: Task, version: int, position: int, prompt_ids: Sequence[int] | None) -> Trajectory:
+        ids = self.prompt_ids(task) if prompt_ids is None else prompt_ids
+        return Trajectory(task, list(ids), version, self.mode(task), position=position)
+
+    @staticmethod
+    def _stop(sampling: Sampling) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*grammar.STOP_STRINGS, *sampling.stop]))
+
+    def _abort(self, t: Trajectory) -> None:
+        if t.live:
+            t.end(TrajectoryStatus.ABORTED, "aborted by a weight update")
+
     async def run(
         self,
         tasks: Sequence[Task],
@@ -264,19 +305,17 @@ class AgentLoop:
         prompt_ids: Sequence[list[int]] | None = None,
         should_abort: Callable[[], bool] = lambda: False,
     ) -> list[Trajectory]:
-        """Runs every task to the end (``prompt_ids`` if the caller has already built them)."""
-        if prompt_ids is None:
-            prompt_ids = [self.prompt_ids(task) for task in tasks]
+        """Runs every task to the end in lock-step turns (``prompt_ids`` if the caller has already built them)."""
+        ids: Sequence[Sequence[int] | None] = [None] * len(tasks) if prompt_ids is None else prompt_ids
+        positions = sample_indexes([task.id for task in tasks])
         trajectories = [
-            Trajectory(task, list(ids), version, self.mode(task))
-            for task, ids in zip(tasks, prompt_ids, strict=True)
+            self._start(task, version, k, p) for k, task, p in zip(positions, tasks, ids, strict=True)
         ]
-        stop = tuple(dict.fromkeys([*grammar.STOP_STRINGS, *sampling.stop]))
+        stop = self._stop(sampling)
         for turn in range(self.config.max_turns + 1):
             if should_abort():
                 for t in trajectories:
-                    if t.live:
-                        t.end(TrajectoryStatus.ABORTED, "aborted by a weight update")
+                    self._abort(t)
                 break
             live = [t for t in trajectories if t.live and self._has_room(t)]
             if not live:
@@ -285,6 +324,31 @@ class AgentLoop:
             if searches:
                 await self._retrieve(searches)
         return trajectories
+
+    async def run_one(
+        self,
+        task: Task,
+        sampling: Sampling,
+        *,
+        version: int,
+        position: int = 0,
+        prompt_ids: Sequence[int] | None = None,
+        should_abort: Callable[[], bool] = lambda: False,
+    ) -> Trajectory:
+        """Runs one task to the end on its own: the same turns as ``run``, waiting for no other trajectory.
+        ``position``: which sample of the task it is (``sample_indexes``)."""
+        t = self._start(task, version, position, prompt_ids)
+        stop = self._stop(sampling)
+        for turn in range(self.config.max_turns + 1):
+            if should_abort():
+                self._abort(t)
+                break
+            if not (t.live and self._has_room(t)):
+                break
+            searches = await self._generate([t], sampling, stop, turn)
+            if searches:
+                await self._retrieve(searches)
+        return t
 
     def _has_room(self, t: Trajectory) -> bool:
         if t.length >= self.config.max_model_len:
@@ -304,9 +368,9 @@ class AgentLoop:
             GenerationRequest(
                 t.prompt_ids + t.response_ids,
                 min(sampling.max_tokens_per_turn, cfg.max_model_len - t.length),
-                None if sampling.seed is None else sampling.seed + 1000 * index + turn,
+                None if sampling.seed is None else sampling.seed + 1000 * t.position + turn,
             )
-            for index, t in enumerate(live)
+            for t in live
         ]
         start = time.perf_counter()
         generations = await self.engine.generate(requests, sampling, stop)
@@ -322,7 +386,7 @@ class AgentLoop:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
             t.add_generated(ids, logprobs, text)
             t.num_turns += 1
-            t.generation_seconds += elapsed
+            t.generation_seconds += elapsed if generation.seconds is None else generation.seconds
             if t.first_token_seconds is None:
                 t.first_token_seconds = generation.first_token_seconds
             if generation.finish_reason == "abort":

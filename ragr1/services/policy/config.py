@@ -13,12 +13,16 @@ from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, SamplingSettings
 from ragr1.services.policy.engine import EngineSettings
-from ragr1.services.policy.runtime import RolloutLimits
+from ragr1.services.policy.runtime import RolloutLimits, RolloutLoopSettings
+from ragr1.services.policy.streaming import StreamingSettings
 from ragr1.services.policy.weights import InFlight
 
 
 @dataclasses.dataclass
-class PolicyConfig(LoopConfig, EngineSettings, SamplingSettings, RolloutLimits, ServerConfig, QueueConfig):
+class PolicyConfig(
+    LoopConfig, EngineSettings, SamplingSettings, RolloutLimits, RolloutLoopSettings, StreamingSettings, ServerConfig,
+    QueueConfig,
+):
     port: int = setting(ports.POLICY, "gRPC port; 0 picks a free one")
     model: str = setting(
         "", "checkpoint directory to serve; empty: SmolLM2-135M-Instruct from its package", group="model",
@@ -40,7 +44,7 @@ class PolicyConfig(LoopConfig, EngineSettings, SamplingSettings, RolloutLimits, 
         "", "consumer name, stable per replica (e.g. the pod name) so that a restarted replica resumes its "
         "pending prompts at once; empty: host-pid"
     )
-    worker_batch: int = setting(8, "tasks per rollout batch")
+    worker_batch: int = setting(8, "rollout_loop lockstep: tasks per rollout batch")
     worker_block_ms: int = setting(1000, "wait for new prompts up to this long per poll")
     reclaim_idle_ms: int = setting(600_000, "take over prompts another worker left unacknowledged this long")
     max_deliveries: int = setting(5, "deliveries before a prompt is dead-lettered")

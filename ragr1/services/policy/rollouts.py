@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
 from ragr1.protocol.prompts import Mode, Tokenizer
 from ragr1.services.common.errors import InvalidArgument
-from ragr1.services.policy.agent import Sampling, Task, Trajectory
+from ragr1.services.policy.agent import Sampling, Task, Trajectory, sample_indexes
 from ragr1.v1 import common_pb2, reward_pb2
 
 _MODES = {
@@ -107,11 +106,10 @@ async def build_rollouts(
     sampling: Sampling,
 ) -> list[common_pb2.Rollout]:
     """Rollout messages for ``trajectories[i]`` of ``tasks[i]``, scored in one call when a scorer is given."""
-    samples: Counter[str] = Counter()
-    rollouts = []
-    for t, task in zip(trajectories, tasks, strict=True):
-        rollouts.append(to_rollout(t, task, tokenizer, sampling, sample=samples[task.id]))
-        samples[task.id] += 1
+    rollouts = [
+        to_rollout(t, task, tokenizer, sampling, sample=k)
+        for k, t, task in zip(sample_indexes([task.id for task in tasks]), trajectories, tasks, strict=True)
+    ]
     if scorer is not None and rollouts:
         items = [score_item(r, task, t) for r, task, t in zip(rollouts, tasks, trajectories, strict=True)]
         for rollout, parts in zip(rollouts, await scorer.score(items), strict=True):

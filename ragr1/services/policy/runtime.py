@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ragr1.protocol.prompts import Tokenizer, chat_prompt_ids
-from ragr1.services.common.config import Validated, check_at_least, setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
@@ -29,6 +29,7 @@ from ragr1.services.policy.agent import (
     SearchBackend,
     Task,
     Trajectory,
+    sample_indexes,
 )
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
 
@@ -53,6 +54,26 @@ class RolloutLimits(Validated):
         check_at_least(self, (("max_batch", 1), ("max_question_chars", 1)))
 
 
+LOCKSTEP, ASYNC = "lockstep", "async"
+
+
+@dataclasses.dataclass
+class RolloutLoopSettings(Validated):
+    """Which schedule runs a request's trajectories (the policy's config is one)."""
+
+    # Lock-step keeps every trajectory of a batch on the turn of the slowest and the engine part-empty at the
+    # end of each turn and batch; async keeps it fed. Lock-step stays as the baseline bench/rollout_loops.py
+    # measures against (docs/services/policy.md).
+    rollout_loop: str = setting(
+        ASYNC, "lockstep: a batch's trajectories take each turn together (one engine call, one search call); "
+        "async: each trajectory runs on its own, and a rollout worker keeps max_in_flight of them going"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("rollout_loop", self.rollout_loop, (LOCKSTEP, ASYNC))
+
+
 class Policy:
     def __init__(
         self,
@@ -66,6 +87,7 @@ class Policy:
         limits: RolloutLimits,
         in_flight: InFlight = InFlight.FINISH,
         engine_seed: int = 0,
+        schedule: RolloutLoopSettings | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -75,6 +97,7 @@ class Policy:
         self.limits = limits
         self.in_flight = in_flight
         self.engine_seed = engine_seed
+        self.rollout_loop = (schedule or RolloutLoopSettings()).rollout_loop
         self.gate = VersionGate()
         # (version, checkpoint directory) -> the checkpoint's hash: each served checkpoint is read once.
         self._hashes: dict[tuple[int, str], str] = {}
@@ -137,18 +160,45 @@ class Policy:
 
     # -- work -----------------------------------------------------------------------------------
     async def rollout(self, tasks: Sequence[Task], sampling: Sampling) -> list[Trajectory]:
+        """Runs the tasks to the end with the configured loop. Every trajectory holds the weights it started on
+        to its end (the version fence), so each carries the one version that generated it."""
         prompt_ids = self.prompt_ids(tasks)
         start = time.perf_counter()
-        async with self.gate.rollout() as version:
-            trajectories = await self.loop.run(
-                tasks,
-                sampling,
-                version=version,
-                prompt_ids=prompt_ids,
-                should_abort=lambda: self.gate.abort_requested,
-            )
+        if self.rollout_loop == ASYNC:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    running = [
+                        group.create_task(self._trajectory(task, sampling, k, ids))
+                        for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids, strict=True)
+                    ]
+            except BaseExceptionGroup as failed:  # the first failure, as lock-step raises it (UNAVAILABLE, say)
+                raise failed.exceptions[0] from None
+            trajectories = [r.result() for r in running]
+        else:
+            metrics.TRAJECTORIES_IN_FLIGHT.inc(len(tasks))
+            try:
+                async with self.gate.rollout() as version:
+                    trajectories = await self.loop.run(
+                        tasks, sampling, version=version, prompt_ids=prompt_ids, should_abort=self._aborting
+                    )
+            finally:
+                metrics.TRAJECTORIES_IN_FLIGHT.dec(len(tasks))
         self._observe(trajectories, time.perf_counter() - start)
         return trajectories
+
+    def _aborting(self) -> bool:
+        return self.gate.abort_requested
+
+    async def _trajectory(self, task: Task, sampling: Sampling, position: int, prompt_ids: list[int]) -> Trajectory:
+        metrics.TRAJECTORIES_IN_FLIGHT.inc()
+        try:
+            async with self.gate.rollout() as version:
+                return await self.loop.run_one(
+                    task, sampling, version=version, position=position, prompt_ids=prompt_ids,
+                    should_abort=self._aborting,
+                )
+        finally:
+            metrics.TRAJECTORIES_IN_FLIGHT.dec()
 
     async def generate(
         self, prompts: Sequence[str], sampling: Sampling, *, chat: bool
@@ -266,11 +316,15 @@ class Policy:
         metrics.GENERATED_TOKENS.inc(generated)
         if seconds > 0:
             metrics.GENERATION_TOKENS_PER_SECOND.set(generated / seconds)
-            # Every trajectory of a batch waits on the same retrieval calls; the longest wait is the batch's.
+            # Lock-step: every trajectory of a batch waits on the same retrieval calls, so the longest wait is
+            # the batch's. Async: the trajectories' waits overlap, and the longest bounds what the batch lost.
             waited = max((t.retrieval_seconds for t in trajectories), default=0.0)
             metrics.RETRIEVAL_WAIT_SHARE.set(min(1.0, waited / seconds))
             metrics.RETRIEVAL_WAIT.inc(waited)
         for t in trajectories:
+            metrics.TRAJECTORY_PHASE.labels("generation").observe(t.generation_seconds)
+            metrics.TRAJECTORY_PHASE.labels("retrieval").observe(t.retrieval_seconds)
+            metrics.TRAJECTORY_PHASE.labels("waiting").observe(t.waiting_seconds)
             metrics.TURNS.observe(t.num_turns)
             metrics.QUERIES.observe(t.num_queries)
             metrics.QUERIES_DROPPED.inc(t.queries_dropped)

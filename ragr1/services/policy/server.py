@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import redis
 
@@ -19,8 +19,9 @@ from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.follower import WeightFollower
-from ragr1.services.policy.runtime import Policy
+from ragr1.services.policy.runtime import ASYNC, Policy
 from ragr1.services.policy.servicer import PolicyServicer
+from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
@@ -61,8 +62,8 @@ def build_worker(
     config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
     accepting: asyncio.Event | None = None,
 ) -> RolloutWorker:
-    """The worker of a replica: asked to stop, it finishes or hands back its batch within the grace period
-    (``RolloutWorker``)."""
+    """The worker of a replica, for the policy's rollout loop: asked to stop, it finishes or hands back what it
+    holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``)."""
     prompts = StreamQueue(
         client,
         PROMPTS,
@@ -73,12 +74,7 @@ def build_worker(
     )
     prompts.ensure_group()
     rollouts = StreamQueue(client, ROLLOUTS, common_pb2.Rollout, group=config.worker_group)
-    return RolloutWorker(
-        policy,
-        scorer,
-        prompts,
-        rollouts,
-        Sampling.of(config),
+    common: dict[str, Any] = dict(
         batch=config.worker_batch,
         block_ms=config.worker_block_ms,
         reclaim_idle_ms=config.reclaim_idle_ms,
@@ -86,6 +82,11 @@ def build_worker(
         accepting=accepting,
         grace_seconds=config.grace_seconds,
     )
+    if policy.rollout_loop == ASYNC:
+        return StreamingRolloutWorker(
+            policy, scorer, prompts, rollouts, Sampling.of(config), max_in_flight=config.max_in_flight, **common
+        )
+    return RolloutWorker(policy, scorer, prompts, rollouts, Sampling.of(config), **common)
 
 
 async def build_server(config: PolicyConfig) -> GrpcServer:
@@ -114,6 +115,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         limits=config,
         in_flight=config.in_flight_policy(),
         engine_seed=config.seed,
+        schedule=config,
     )
     # A rollout worker is ready once it serves the announced weights (``WeightFollower``), not at its start.
     server = GrpcServer(config, "policy", ready_at_start=not config.worker)

@@ -1,5 +1,8 @@
 """Rollout-worker mode: PromptTasks from the ``prompts`` stream in, scored Rollouts to ``rollouts`` out.
 
+This is the lock-step loop's worker (``rollout_loop`` lockstep): it takes a batch and the next one when the batch
+has finished. ``streaming.StreamingRolloutWorker`` (async, the default) builds on it and keeps trajectories going.
+
 A batch's rollouts are produced to ``rollouts`` in the same Redis transaction that acknowledges
 its prompts, so a crash loses nothing and duplicates nothing. A prompt whose rollout hit a
 retriever error (or was aborted by a weight update) is not acknowledged: with ``requeue`` the
@@ -85,7 +88,7 @@ class RolloutWorker:
         self._first_taken = False
         self._leaving = False
 
-    async def _take(self) -> list[PromptDelivery]:
+    async def _take(self, count: int) -> list[PromptDelivery]:
         if self._backlog is None:
             self._backlog = await asyncio.to_thread(
                 self.prompts.consume, max(1000, 4 * self.batch), None, pending=True
@@ -94,12 +97,12 @@ class RolloutWorker:
                 log.info("resuming %d prompts left pending under consumer %s",
                          len(self._backlog), self.prompts.consumer)
         if self._backlog:
-            taken, self._backlog = self._backlog[: self.batch], self._backlog[self.batch :]
+            taken, self._backlog = self._backlog[:count], self._backlog[count:]
             return taken
-        reclaimed = await asyncio.to_thread(self.prompts.reclaim, self.reclaim_idle_ms, self.batch)
+        reclaimed = await asyncio.to_thread(self.prompts.reclaim, self.reclaim_idle_ms, count)
         if reclaimed:
             return reclaimed
-        return await asyncio.to_thread(self.prompts.consume, self.batch, self.block_ms)
+        return await asyncio.to_thread(self.prompts.consume, count, self.block_ms)
 
     async def _say_first(self) -> None:
         """Logs which weights this replica's first prompts meet, with the time, so that an audit can hold them
@@ -118,12 +121,21 @@ class RolloutWorker:
 
     async def step(self) -> int:
         """Runs one batch; returns how many prompts it took (0 when the stream was empty)."""
-        deliveries = await self._take()
+        deliveries = await self._take(self.batch)
         if not deliveries:
             return 0
         if self._leaving:  # taken while the stop came: not started, so handed back whole
-            await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
+            await self._hand_back(deliveries)
             return 0
+        for chunk in self._chunks(await self._valid(deliveries)):
+            await self._run(chunk)
+        return len(deliveries)
+
+    async def _hand_back(self, deliveries: Sequence[PromptDelivery]) -> None:
+        await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
+
+    async def _valid(self, deliveries: Sequence[PromptDelivery]) -> list[PromptDelivery]:
+        """The deliveries whose tasks the policy accepts; the others are dead-lettered with the reason."""
         if not self._first_taken:
             self._first_taken = True
             await self._say_first()
@@ -135,9 +147,7 @@ class RolloutWorker:
                 valid.append(d)
             except InvalidArgument as exc:
                 await asyncio.to_thread(self._dead_letter, d, f"invalid task: {exc}")
-        for chunk in self._chunks(valid):
-            await self._run(chunk)
-        return len(deliveries)
+        return valid
 
     def _chunks(self, deliveries: Sequence[PromptDelivery]) -> list[list[PromptDelivery]]:
         """Consecutive groups whose samples fit one rollout batch (``max_batch``)."""
@@ -159,7 +169,7 @@ class RolloutWorker:
         except Exception:
             log.exception("rollout of %d prompts failed; they are handed back to the other workers", len(deliveries))
             metrics.WORKER_BATCHES.labels("failed").inc()
-            await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
+            await self._hand_back(deliveries)
             return
         failed: dict[str, str] = {}
         for task, t in zip(tasks, trajectories, strict=True):
@@ -213,7 +223,7 @@ class RolloutWorker:
             step = asyncio.ensure_future(self.step())
             await asyncio.wait([step, stopped], return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
-                await self._finish(step)
+                await self._finish([step])
             if step.cancelled():
                 continue
             try:
@@ -222,20 +232,22 @@ class RolloutWorker:
                 log.exception("rollout worker step failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
 
-    async def _finish(self, step: asyncio.Future[int]) -> None:
-        """The batch in hand when the worker was asked to stop: ``leave_seconds`` to finish, then aborted (its
+    async def _finish(self, work: Sequence[asyncio.Future[Any]]) -> None:
+        """The work in hand when the worker was asked to stop: ``leave_seconds`` to finish, then aborted (its
         rollouts come back ABORTED and are not acknowledged)."""
         self._leaving = True
-        log.info("stopping: the batch in hand gets %.1f s to finish", self.leave_seconds)
-        done, _ = await asyncio.wait([step], timeout=self.leave_seconds)
-        if not done:
-            log.info("stopping: aborting the batch in hand; its prompts are handed back")
+        log.info("stopping: the rollouts in hand get %.1f s to finish", self.leave_seconds)
+        _, pending = await asyncio.wait(work, timeout=self.leave_seconds)
+        if pending:
+            log.info("stopping: aborting the rollouts in hand; their prompts are handed back")
             aborting = asyncio.ensure_future(self.policy.abort_rollouts())
             await asyncio.wait([aborting], timeout=self.margin / 4)
-            done, _ = await asyncio.wait([step], timeout=self.margin / 4)
-        if not done:  # a call that does not end (a retriever past its deadline): its prompts go back all the same
-            step.cancel()
-            await asyncio.wait([step])
+            _, pending = await asyncio.wait(pending, timeout=self.margin / 4)
+        # A call that does not end (a retriever past its deadline): its prompts go back all the same.
+        for left in pending:
+            left.cancel()
+        if pending:
+            await asyncio.wait(pending)
 
     async def _leave(self) -> None:
         try:

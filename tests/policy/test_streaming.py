@@ -1,0 +1,209 @@
+"""The async rollout worker's scheduling against real Redis and a real reward server; the engine is the loop's
+scripted one, slowed per question so that groups end in a known order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from ragr1.services.common.errors import Unavailable
+from ragr1.services.common.process import ServiceProcess
+from ragr1.services.common.streams import PROMPTS, StreamQueue
+from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
+from ragr1.services.policy.backends import RewardServiceScorer
+from ragr1.services.policy.rollouts import task_of
+from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutLoopSettings
+from ragr1.services.policy.streaming import StreamingRolloutWorker
+from ragr1.services.policy.weights import InFlight
+from ragr1.v1 import common_pb2
+from tests.policy.scripted import ScriptedEngine, ScriptedSearch
+from tests.policy.test_worker import PausedEngine, queues
+
+SCRIPT = {
+    "Slow one?": ["<search> slow </search>", "<answer> slowly </answer>"],
+    "Fast one?": ["<answer> fast </answer>"],
+    "Fast two?": ["<answer> fast </answer>"],
+    "Fast three?": ["<answer> fast </answer>"],
+}
+SECONDS = {"Slow one?": 0.6, "Fast one?": 0.05, "Fast two?": 0.05, "Fast three?": 0.05}
+
+
+class TimedEngine(ScriptedEngine):
+    """Each generation takes its question's time; records the requests in the engine at once, at their peak."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer, SCRIPT)
+        self.running = 0
+        self.peak = 0
+        self.ended: list[str] = []
+
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling,
+                       stop: Sequence[str]) -> list[Generation]:
+        (request,) = requests  # the async loop sends each trajectory's turn alone
+        question = next(q for q in SCRIPT if q in self.tokenizer.decode(request.prompt_ids))
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await asyncio.sleep(SECONDS[question])
+            return await super().generate(requests, sampling, stop)
+        finally:
+            self.running -= 1
+
+
+def async_policy(engine: ScriptedEngine, tokenizer: Any, model_dir: Path) -> Policy:
+    return Policy(engine, tokenizer, ScriptedSearch(), LoopConfig(), model_dir=model_dir, default_sampling=Sampling(),
+                  limits=RolloutLimits(max_batch=8), schedule=RolloutLoopSettings(rollout_loop=ASYNC))
+
+
+def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: StreamQueue[Any],
+                     rollouts: StreamQueue[Any], max_in_flight: int, grace_seconds: float = 0.0
+                     ) -> StreamingRolloutWorker:
+    return StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                                  batch=8, block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
+                                  grace_seconds=grace_seconds, max_in_flight=max_in_flight)
+
+
+def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], count: int) -> list[str]:
+    """Runs the worker until ``count`` rollouts are produced, then stops it; their task ids in arrival order."""
+    order: list[str] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        while len(order) < count:
+            order.extend(d.message.task_id for d in await asyncio.to_thread(rollouts.consume, 10, 100))
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    return order
+
+
+def task(task_id: str, question: str, samples: int = 1) -> common_pb2.PromptTask:
+    return common_pb2.PromptTask(id=task_id, question=question, golden_answers=["fast"], num_samples=samples)
+
+
+def test_a_new_group_starts_as_soon_as_one_ends_and_each_is_acknowledged_once_with_all_its_rollouts(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for three trajectories: the slow group (two samples) and the first fast one start; each fast group
+    that ends lets the next one in while the slow group still runs, so all the fast ones are done before it
+    is. Every group's rollouts arrive with its acknowledgement, once."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?", 2), task("f1", "Fast one?"), task("f2", "Fast two?"),
+                     task("f3", "Fast three?")])
+    engine = TimedEngine(tokenizer)
+    worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 3)
+    order = produced_order(worker, rollouts, 5)
+    assert order[-2:] == ["slow", "slow"], order
+    assert sorted(order) == ["f1", "f2", "f3", "slow", "slow"]
+    assert engine.peak == 3
+    assert rollouts.consume(10) == []  # nothing produced twice
+    assert prompts.pending() == 0 and all(prompts.is_done(t) for t in ("slow", "f1", "f2", "f3"))
+
+
+@pytest.mark.parametrize("in_flight", [InFlight.FINISH, InFlight.ABORT])
+def test_a_weight_update_among_running_groups_tags_each_rollout_with_the_weights_it_ran_on(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path,
+    in_flight: InFlight,
+) -> None:
+    """The fence holds per trajectory: an update waits for the running ones (finish) or aborts them (abort),
+    those that start meanwhile wait for it and carry the new version, and nothing mixes versions."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("f1", "Fast one?"), task("f2", "Fast two?")])
+    engine = TimedEngine(tokenizer)
+    policy = async_policy(engine, tokenizer, policy_model_dir)
+    worker = streaming_worker(policy, reward_server, prompts, rollouts, 2)
+    loads: list[int] = []
+    # Abort: the running trajectories stop at their next turn; the slow one has one more, the fast one none
+    # (the scripted engine does not cut a generation short, as vLLM's would).
+    expected = {"slow": 0, "f1": 0, "f2": 1} if in_flight is InFlight.FINISH else {"f1": 0, "f2": 1}
+
+    async def load() -> None:
+        loads.append(policy.gate.running)
+
+    async def scenario() -> list[common_pb2.Rollout]:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        while engine.running < 2:
+            await asyncio.sleep(0.01)
+        await policy.gate.update(1, "v1", load, in_flight=in_flight, abort=policy.engine.abort_all)
+        produced: list[common_pb2.Rollout] = []
+        for _ in range(100):
+            produced += [d.message for d in await asyncio.to_thread(rollouts.consume, 10, 100)]
+            if {m.task_id for m in produced} == set(expected):
+                break
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+        return produced
+
+    produced = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert loads == [0]  # the weights changed with no trajectory running
+    assert {m.task_id: m.policy_version for m in produced} == expected
+    assert len(produced) == len(expected)
+    if in_flight is InFlight.ABORT:  # aborted: not acknowledged, handed out again later
+        assert not prompts.is_done("slow")
+
+
+def test_a_leaving_async_worker_hands_back_the_groups_it_aborted_and_the_one_it_had_not_started(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for two: the first prompt runs (and never finishes), the second (two samples) waits for room. Asked
+    to stop, the worker takes no more, aborts the running group after the grace period and hands both back
+    with their delivery counts unchanged; the third prompt it never took stays for anyone."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("running", "Fast one?"), task("waiting", "Fast two?", 2), task("later", "Fast three?")])
+    engine = PausedEngine(tokenizer)
+    worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 2,
+                              grace_seconds=0.4)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        await asyncio.wait_for(engine.started.wait(), 10)
+        while prompts.pending() < 2:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await worker.scorer.close()  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+    assert engine.aborts == 1
+    assert rollouts.consume(10) == [] and not prompts.is_done("running") and not prompts.is_done("waiting")
+    assert "w1" not in {c["name"].decode() for c in redis_client.xinfo_consumers(PROMPTS, "w")}
+    other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+    taken = other.reclaim(600_000, 10)
+    assert sorted(d.message.id for d in taken) == ["running", "waiting"]
+    assert [d.deliveries for d in taken] == [1, 1]
+    assert [d.message.id for d in other.consume(10)] == ["later"]
+
+
+def test_a_group_waits_for_room_for_all_its_samples_and_one_larger_than_the_room_runs_alone(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for two: the slow prompt runs; the next group (two samples) does not start beside it, and the one of
+    three samples (more than the room) starts once nothing else runs: never more than it in the engine."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("pair", "Fast one?", 2), task("three", "Fast two?", 3)])
+    engine = TimedEngine(tokenizer)
+    worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 2)
+    order = produced_order(worker, rollouts, 6)
+    assert order == ["slow", "pair", "pair", "three", "three", "three"]
+    assert engine.peak == 3
+
+
+def test_weights_unknown_after_a_failed_load_refuse_an_async_rollout_as_a_lock_step_one(
+    tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """The fence's refusal reaches the caller as itself (UNAVAILABLE over gRPC), not as a group of failures."""
+    policy = async_policy(TimedEngine(tokenizer), tokenizer, policy_model_dir)
+    policy.gate.failed = "v1 from /nowhere: OSError: disk gone"
+    with pytest.raises(Unavailable, match="disk gone"):
+        asyncio.run(policy.rollout([task_of(task("f1", "Fast one?")), task_of(task("f2", "Fast two?"))], Sampling()))
