@@ -91,7 +91,7 @@ def _eval(config: EvalConfig) -> int:
                 )
                 every += rollouts
                 # Per data source: a Search-R1 test.parquet mixes the seven benchmarks in one file.
-                mine = evaluate.summarise_sources(mode, rollouts, seconds)
+                mine = evaluate.summarise_sources(mode, rollouts, seconds, search_r1_names="search-r1" in modes)
                 summaries += mine
                 records += [{"benchmark": Path(name).name.split(".")[0], "mode": mode, **evaluate.rollout_record(r)}
                             for r in rollouts]

@@ -202,10 +202,14 @@ def run_questions(
     return rollouts, time.perf_counter() - start
 
 
-def summarise_sources(mode: str, rollouts: Sequence[common_pb2.Rollout], wall_seconds: float) -> list[EvalSummary]:
+def summarise_sources(
+    mode: str, rollouts: Sequence[common_pb2.Rollout], wall_seconds: float, search_r1_names: bool | None = None
+) -> list[EvalSummary]:
     """One summary per ``data_source`` (each source reported on its own), in order of appearance; the wall
-    time is shared out by question. In Search-R1's mode the sources take Search-R1's names."""
-    name = search_r1.source_name if mode == "search-r1" else str
+    time is shared out by question. The sources take Search-R1's names in its mode, and in every mode where
+    ``search_r1_names`` (a run that sets another mode beside it: its rows name the same benchmarks)."""
+    renamed = mode == "search-r1" if search_r1_names is None else search_r1_names
+    name = search_r1.source_name if renamed else str
     sources = list(dict.fromkeys(name(r.data_source) for r in rollouts))
     per_question = wall_seconds / len(rollouts) if rollouts else 0.0
     out = []

@@ -136,5 +136,9 @@ def test_other_modes_keep_the_rewards_scores_and_add_cover_em() -> None:
                            reward=common_pb2.RewardParts(exact_match=0.0, f1=0.5, extracted_answer="in Paris"))
     [s] = evaluate.summarise_sources("multi", [r], 1.0)
     assert (s.benchmark, s.exact_match, s.f1, s.cover_em) == ("nq", 0.0, 0.5, 1.0)
+    # Beside the search-r1 mode in one run, the no-retrieval rows name the shipped sources as it does.
+    tq = common_pb2.Rollout(data_source="tq", golden_answers=["x"], mode=common_pb2.SEARCH_MODE_NONE)
+    assert [s.benchmark for s in evaluate.summarise_sources("none", [tq], 1.0)] == ["tq"]
+    assert [s.benchmark for s in evaluate.summarise_sources("none", [tq], 1.0, search_r1_names=True)] == ["triviaqa"]
     assert evaluate.parse_modes("all") == ["none", "single", "multi"]
     assert evaluate.parse_modes("search-r1,none") == ["search-r1", "none"]
