@@ -5,14 +5,17 @@ and the torch profiler's operators, on the GPU check's sequences and random-weig
     python bench/ppo_profile.py --arch Qwen2.5-1.5B        # on a GPU (a lent machine runs it from the checkout)
     python bench/ppo_profile.py --device cpu --tiny        # the same on toy sizes
 
-It prints the phases' seconds and shares of the update, the device's busy time against the update's wall
-time (the rest is the device waiting for the host), and the operators with the most device time.
+It prints one update's tokens/s at each of ``--micro-batch-tokens`` (the first is the baseline of the ratios;
+the trainer's default 4,096 unless given), then, at the first, the phases' seconds and shares of the update,
+the device's busy time against the update's wall time (the rest is the device waiting for the host), and the
+operators with the most device time.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import sys
 import tempfile
@@ -62,6 +65,10 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="toy sizes")
     parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning (default)")
     parser.add_argument("--rows", type=int, default=25, help="operators to list")
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, nargs="+", default=None,
+        help="PPO micro-batch sizes in tokens to time one update at (default: the trainer's)",
+    )
     args = parser.parse_args()
     import torch
 
@@ -74,13 +81,20 @@ def main() -> None:
     settings = gpu_sections.ppo_settings(ctx, args.lora_rank)
     updater = PPOUpdater.build(settings, ctx.model_dir(args.arch))
     samples = gpu_sections.ppo_samples(ctx.sizes, gpu_sections.ARCHS[args.arch].vocab)
-    updater.update(samples)  # kernels chosen, optimiser state allocated
-    ctx.sync()
-    start = time.perf_counter()
-    plain = updater.update(samples)
-    ctx.sync()
-    wall = time.perf_counter() - start
-    print(f"{args.arch} on {args.device}: one update {wall:.3f} s, {plain['tokens'] / wall:,.0f} tok/s")
+    sizes = args.micro_batch_tokens or [settings.micro_batch_tokens]
+    baseline = 0.0
+    for tokens in sizes:
+        updater.settings = dataclasses.replace(settings, micro_batch_tokens=tokens)
+        updater.update(samples)  # kernels chosen for these shapes, optimiser state allocated
+        ctx.sync()
+        start = time.perf_counter()
+        plain = updater.update(samples)
+        ctx.sync()
+        rate = plain["tokens"] / (time.perf_counter() - start)
+        baseline = baseline or rate
+        print(f"{args.arch} on {args.device}, {tokens}-token micro-batches: one update {plain['tokens'] / rate:.3f} s, "
+              f"{rate:,.0f} tok/s, x{rate / baseline:.2f}")
+    updater.settings = dataclasses.replace(settings, micro_batch_tokens=sizes[0])
 
     seconds: dict[str, float] = {}
     with phases(updater, ctx.sync, seconds):
