@@ -91,10 +91,12 @@ def _eval(config: EvalConfig) -> int:
                 )
                 every += rollouts
                 # Per data source: a Search-R1 test.parquet mixes the seven benchmarks in one file.
-                mine = evaluate.summarise_sources(mode, rollouts, seconds, search_r1_names="search-r1" in modes)
+                benchmark = Path(name).name.split(".")[0]
+                mine = evaluate.summarise_sources(
+                    mode, rollouts, seconds, search_r1_names="search-r1" in modes, benchmark=benchmark
+                )
                 summaries += mine
-                records += [{"benchmark": Path(name).name.split(".")[0], "mode": mode, **evaluate.rollout_record(r)}
-                            for r in rollouts]
+                records += [{"benchmark": benchmark, "mode": mode, **evaluate.rollout_record(r)} for r in rollouts]
                 for summary in mine:
                     print(evaluate.format_table([summary.row()]).splitlines()[-1], flush=True)
     provenance = evaluate.provenance(info, every)

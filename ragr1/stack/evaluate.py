@@ -203,14 +203,22 @@ def run_questions(
 
 
 def summarise_sources(
-    mode: str, rollouts: Sequence[common_pb2.Rollout], wall_seconds: float, search_r1_names: bool | None = None
+    mode: str,
+    rollouts: Sequence[common_pb2.Rollout],
+    wall_seconds: float,
+    search_r1_names: bool | None = None,
+    benchmark: str | None = None,
 ) -> list[EvalSummary]:
     """One summary per ``data_source`` (each source reported on its own), in order of appearance; the wall
     time is shared out by question. The sources take Search-R1's names in its mode, and in every mode where
-    ``search_r1_names`` (a run that sets another mode beside it: its rows name the same benchmarks)."""
+    ``search_r1_names`` (a run that sets another mode beside it: its rows name the same benchmarks). Otherwise
+    a set of one source is reported under its ``benchmark`` name where one is given: the name the user asked
+    for, where the file may spell its source otherwise (FlashRAG's Bamboogle file says "Bamboogle")."""
     renamed = mode == "search-r1" if search_r1_names is None else search_r1_names
     name = search_r1.source_name if renamed else str
     sources = list(dict.fromkeys(name(r.data_source) for r in rollouts))
+    if benchmark is not None and not renamed and len(sources) == 1:
+        return [summarise(benchmark, mode, list(rollouts), wall_seconds)]
     per_question = wall_seconds / len(rollouts) if rollouts else 0.0
     out = []
     for source in sources:

@@ -140,5 +140,12 @@ def test_other_modes_keep_the_rewards_scores_and_add_cover_em() -> None:
     tq = common_pb2.Rollout(data_source="tq", golden_answers=["x"], mode=common_pb2.SEARCH_MODE_NONE)
     assert [s.benchmark for s in evaluate.summarise_sources("none", [tq], 1.0)] == ["tq"]
     assert [s.benchmark for s in evaluate.summarise_sources("none", [tq], 1.0, search_r1_names=True)] == ["triviaqa"]
+    # A benchmark of one source is reported under the name asked for, however its file spells the source.
+    bamboogle = common_pb2.Rollout(data_source="Bamboogle", golden_answers=["x"], mode=common_pb2.SEARCH_MODE_MULTI)
+    assert [s.benchmark for s in evaluate.summarise_sources("multi", [bamboogle], 1.0, benchmark="bamboogle")] == [
+        "bamboogle"]
+    mixed = [tq, bamboogle]
+    assert [s.benchmark for s in evaluate.summarise_sources("multi", mixed, 1.0, benchmark="test")] == [
+        "tq", "Bamboogle"]
     assert evaluate.parse_modes("all") == ["none", "single", "multi"]
     assert evaluate.parse_modes("search-r1,none") == ["search-r1", "none"]
