@@ -260,7 +260,7 @@ class Chaos:
             held = self.pending("policy-1", fresh_ms=2000)
             if not held or not worker.alive() or worker.process is None:
                 return
-            engine = engine_processes(os.environ[RUN_MARKER]) & descendants(worker.process.pid)
+            engine = engine_processes() & descendants(worker.process.pid)
             for pid in engine:
                 os.kill(pid, signal.SIGSTOP)
             restarts = self.s.endpoints()["services"]["policy-1"]["restarts"]
@@ -698,28 +698,21 @@ def descendants(pid: int) -> set[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found: set[int] = set()
-    frontier = {pid}
+    found, frontier = set(), {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
 
 
-# Set in the harness's environment, so every process of its stack inherits it: a vLLM process left behind is
-# an orphan by then (its parent gone), so its environment, not its ancestry, says whose it is.
-RUN_MARKER = "RAGR1_FAULTS_RUN"
-
-
-def engine_processes(run: str) -> set[int]:
-    """vLLM's engine-core and worker processes (they name themselves ``VLLM::…``) of this run's stack: those
-    whose environment carries ``RUN_MARKER=run``. Another job's engines on the same machine (a demo, a test
-    suite, a container's) are not the stack's."""
-    marker = f"{RUN_MARKER}={run}".encode()
+def engine_processes() -> set[int]:
+    """vLLM's engine-core and worker processes of this user (they name themselves ``VLLM::…``); a container's,
+    run as its own user, are not the stack's."""
+    uid = os.getuid()
     found = set()
     for pid, cmdline in command_lines().items():
         with contextlib.suppress(OSError):
-            if cmdline.startswith(b"VLLM::") and marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if cmdline.startswith(b"VLLM::") and Path(f"/proc/{pid}").stat().st_uid == uid:
                 found.add(pid)
     return found
 
@@ -735,9 +728,8 @@ def main(argv: list[str] | None = None) -> int:
                          base_port=args.base_port, max_turns=2, max_tokens_per_turn=64, tokens_per_query=64,
                          max_model_len=2048, kv_cache_gib=1, reward="f1")
     directory = run_dir(config)
-    os.environ[RUN_MARKER] = str(directory)
     supervisor, scaler, templates = build(config, directory, args.updates)
-    started = time.monotonic()
+    started, before = time.monotonic(), engine_processes()
     print(f"starting the stack; logs in {supervisor.log_dir}", flush=True)
     restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=TIMEOUT_S, first_backoff=1.0,
                              max_backoff=5.0)
@@ -771,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     # A killed policy's vLLM processes must not outlive it (they hold the model's memory, and a restart
     # would fail for want of it): none of those started during the run may be left.
     time.sleep(2)
-    report["engine_processes_left"] = len(engine_processes(str(directory)))
+    report["engine_processes_left"] = len(engine_processes() - before)
     report["checks"]["no vLLM process left behind"] = report["engine_processes_left"] == 0
     (directory / "faults.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
