@@ -31,13 +31,6 @@ if _WORKER.startswith("gw"):
     _count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     _all = _redis_server._PORTS
     _redis_server._PORTS = range(_all.start + int(_WORKER[2:]), _all.stop, _count)
-    # Each worker keeps to its own share of the cores, and the processes it starts (vLLM engines, services)
-    # inherit it. vLLM and torch size their OpenMP pools to the cores a process may use, and OpenMP threads
-    # spin at every barrier: two workers' pools on the same cores keep waiting for each other's descheduled
-    # threads (the PPO learning test ran 4.4 times slower beside the engine-sync module than alone).
-    _cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(_cores) >= _count > 1:
-        os.sched_setaffinity(0, _cores[int(_WORKER[2:]) :: _count])
 
 # `make test` hands out whole modules (`--dist loadfile`), so a module's fixtures start on one worker only.
 # (xdist 3.8's `--dist loadgroup` would group modules further, but it marks groups by rewriting the nodeid,
