@@ -25,5 +25,11 @@ def running_engine(settings: EngineSettings) -> Iterator[tuple[VllmEngine, async
     try:
         yield vllm, loop
     finally:
-        vllm.shutdown()
+        # Inside the loop: called from outside it, vLLM only schedules the closing of its sockets on the loop,
+        # which is then closed without running it; the sockets stay open and a later garbage collection of
+        # their ZeroMQ context blocks the test process for good in its term().
+        async def stop() -> None:
+            vllm.shutdown()
+
+        loop.run_until_complete(stop())
         loop.close()
