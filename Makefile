@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-parallel test-e2e test-docker test-faults lint proto dashboards docs
+.PHONY: demo test test-e2e test-docker test-faults lint proto dashboards docs
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -10,13 +10,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 demo: $(STAMP)
 	bash scripts/main-job.sh
 
-# One process. `make test-parallel` runs the suite on two worker processes (whole modules, the longest first:
-# tests/conftest.py); it stays out of `make test` until it is timed on a quiet machine: on a loaded one the two
-# heaviest training modules side by side ran past their per-test timeout.
+# Two worker processes of one CPU thread each (tests/conftest.py says why one), whole modules per worker, the
+# longest modules first so that none starts last beside an idle worker. `$(VENV)/bin/python -m pytest -q -m
+# "not e2e"` runs the same tests in one process.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not e2e"
-
-test-parallel: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2 --dist loadfile --no-loadscope-reorder
 
 # The whole commands end to end with every service and a vLLM engine (tests/e2e: `ragr1 demo --preset quick`

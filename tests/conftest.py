@@ -31,6 +31,13 @@ if _WORKER.startswith("gw"):
     _count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     _all = _redis_server._PORTS
     _redis_server._PORTS = range(_all.start + int(_WORKER[2:]), _all.stop, _count)
+    if _count > 1:
+        # One CPU thread per worker, for everything it starts (torch and vLLM inherit the environment): OpenMP's
+        # threads wait for each other at every operation, spinning, and a torch process of two threads beside
+        # one other busy process on two cores ran a test 6x slower than alone; at one thread it is not slowed.
+        # vLLM binds its threads to cores ("auto"), which would put every engine's one thread on core 0.
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
 
 # `make test` hands out whole modules (`--dist loadfile`), so a module's fixtures start on one worker only.
 # (xdist 3.8's `--dist loadgroup` would group modules further, but it marks groups by rewriting the nodeid,

@@ -106,6 +106,8 @@ def policy(
         "tls-cert-file": pki["server_cert"],
         "tls-key-file": pki["server_key"],
         "engine-check-seconds": 1,
+        # A wrong digest is refused only after this wait (the checkpoint might still be copying): kept short.
+        "checkpoint-wait-seconds": 3,
     }
     args = ["serve", "policy", "--worker", *[x for k, v in flags.items() for x in (f"--{k}", str(v))]]
     log = tmp_path_factory.mktemp("policy") / "policy.log"
