@@ -33,8 +33,8 @@ if _WORKER.startswith("gw"):
     _redis_server._PORTS = range(_all.start + int(_WORKER[2:]), _all.stop, _count)
     if _count > 1:
         # One CPU thread per worker, for everything it starts (torch and vLLM inherit the environment): OpenMP's
-        # threads wait for each other at every operation, spinning, and a torch process of two threads beside
-        # one other busy process on two cores ran a test 6x slower than alone; at one thread it is not slowed.
+        # threads meet at the end of every operation, so a process of two threads on two cores beside another
+        # busy process keeps waiting for whichever of its threads is descheduled; one thread waits for nobody.
         # vLLM binds its threads to cores ("auto"), which would put every engine's one thread on core 0.
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
