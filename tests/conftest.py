@@ -43,7 +43,7 @@ if _WORKER.startswith("gw"):
 # (xdist 3.8's `--dist loadgroup` would group modules further, but it marks groups by rewriting the nodeid,
 # which pytest 9 no longer reads back: it falls back to one test at a time, every module fixture per worker.)
 # Modules handed out first, longest first, so that none of them starts last and leaves one worker running
-# alone at the end (the profile on docs/results/2026-11-26-test-suite-time.md).
+# alone at the end (the profiles on docs/results/2026-11-27-test-suite-one-thread-workers.md).
 LONG_MODULES = (
     "tests/trainer/test_learning.py",
     "tests/trainer/test_engine_sync.py",
