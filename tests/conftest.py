@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from hypothesis import settings
 
 from ragr1.services.common import redis_server as _redis_server
 from ragr1.services.common.redis_server import RedisServer, free_port
+from tests.common import background_mypy
 
 # Property tests and fuzzing draw the same cases on every run by default, so that CI's verdict is the code's,
 # not the draw's; HYPOTHESIS_PROFILE=explore draws new ones (to look for failures no run has drawn yet).
@@ -50,9 +52,24 @@ LONG_MODULES = (
     "tests/policy/test_integration.py",
     "tests/policy/test_async_rollouts.py",
     "tests/trainer/test_ray_train.py",
-    "tests/test_lint.py",
     "tests/trainer/test_loop.py",
 )
+
+
+_mypy: subprocess.Popen[bytes] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _mypy
+    # Only the controller of a multi-worker run (it hands out tests and runs none) that includes the lint tests.
+    paths = [Path(str(arg).split("::")[0]).resolve() for arg in config.args] or [Path(__file__).resolve().parent]
+    if not _WORKER and getattr(config.option, "numprocesses", None) and background_mypy.covers(paths):
+        _mypy = background_mypy.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _mypy is not None:
+        background_mypy.stop(_mypy)
 
 
 def _module(item: pytest.Item) -> str:

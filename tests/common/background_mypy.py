@@ -1,0 +1,58 @@
+"""mypy run in the background of a multi-worker test run, for tests/test_lint.py.
+
+mypy's first run on a fresh clone takes a minute and a half of one core, while a two-worker run leaves part of
+the machine idle as its tests wait on processes. The run's controller, which only hands out tests, starts mypy at
+the lowest priority, so that it takes only what the tests leave; the lint test then reads its result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# The folder of the background run's output and exit status; the workers inherit it from the controller.
+RESULT = "RAGR1_TEST_MYPY_RESULT"
+LINT_TESTS = Path(__file__).resolve().parent.parent / "test_lint.py"
+ROOT = LINT_TESTS.parent.parent
+MYPY = Path(sys.executable).parent / "mypy"
+
+
+def covers(paths: list[Path]) -> bool:
+    """Whether a run of these paths includes the lint tests."""
+    return any(path == LINT_TESTS or path in LINT_TESTS.parents for path in paths)
+
+
+def start() -> subprocess.Popen[bytes]:
+    out = Path(tempfile.mkdtemp(prefix="ragr1-test-mypy-"))
+    script = 'nice -n 19 "$0" > "$1/output" 2>&1; echo $? > "$1/rc.tmp" && mv "$1/rc.tmp" "$1/rc"'
+    process = subprocess.Popen(["sh", "-c", script, str(MYPY), str(out)], cwd=ROOT, start_new_session=True)
+    os.environ[RESULT] = str(out)  # before the workers start
+    return process
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """At the run's end: the run ended before mypy (a test selection, a failure with -x), or its output read."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait()
+    shutil.rmtree(os.environ.pop(RESULT), ignore_errors=True)
+
+
+def result(timeout: float = 600) -> tuple[int, str] | None:
+    """(exit status, output) of the background run, waited for; None when this run started none."""
+    folder = os.environ.get(RESULT)
+    if not folder:
+        return None
+    done = Path(folder) / "rc"
+    deadline = time.monotonic() + timeout
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the background mypy run ({folder}) did not finish in {timeout:.0f} s")
+        time.sleep(1)
+    return int(done.read_text()), (Path(folder) / "output").read_text()
