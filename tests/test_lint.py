@@ -8,12 +8,11 @@ from pathlib import Path
 
 from tests.common import background_mypy
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(args, cwd=background_mypy.ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_ruff() -> None:
@@ -25,6 +24,6 @@ def test_mypy() -> None:
     # In a multi-worker run the controller started this same command at the lowest priority (tests/conftest.py).
     background = background_mypy.result()
     if background is None:
-        result = run(str(BIN / "mypy"))
+        result = run(str(background_mypy.MYPY))
         background = (result.returncode, result.stdout + result.stderr)
     assert background[0] == 0, background[1]

@@ -13,13 +13,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from tests.common.waiting import wait_for
 
 # The folder of the background run's output and exit status; the workers inherit it from the controller.
 RESULT = "RAGR1_TEST_MYPY_RESULT"
 LINT_TESTS = Path(__file__).resolve().parent.parent / "test_lint.py"
 ROOT = LINT_TESTS.parent.parent
+# The lint test's mypy command, here or in the background.
 MYPY = Path(sys.executable).parent / "mypy"
 
 
@@ -50,9 +52,5 @@ def result(timeout: float = 600) -> tuple[int, str] | None:
     if not folder:
         return None
     done = Path(folder) / "rc"
-    deadline = time.monotonic() + timeout
-    while not done.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the background mypy run ({folder}) did not finish in {timeout:.0f} s")
-        time.sleep(1)
+    wait_for(done.exists, f"the background mypy run ({folder}) did not finish in {timeout:.0f} s", timeout, poll=1)
     return int(done.read_text()), (Path(folder) / "output").read_text()

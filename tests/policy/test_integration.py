@@ -44,6 +44,7 @@ from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.v1 import common_pb2, policy_pb2
 from tests.common import fuzz
 from tests.common.pki import write_pki
+from tests.common.waiting import wait_for
 from tests.policy.conftest import hotpot_rows
 
 pytestmark = pytest.mark.slow
@@ -350,13 +351,6 @@ def run_trainer(redis_server: RedisServer, model_dir: Path, out: Path, start_ver
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGR1_CLIENT_")}
     return subprocess.run([sys.executable, "-m", "ragr1", *args], env={**env, **client_env},
                           capture_output=True, text=True, timeout=300)
-
-
-def wait_for(condition: Any, what: str, seconds: float = 120.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def test_a_restarted_trainer_announces_its_checkpoint_and_the_worker_loads_it(
