@@ -354,8 +354,12 @@ class PolicyModel(nn.Module):
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         if self.lora:
-            plain = type(base)(base.config)
-            plain.load_state_dict(state, strict=False)
+            # Saved through a plain model of the same config (the adapted one would save peft's layers), built on
+            # the meta device: its random initialisation, overwritten at once, is most of a save's time on a CPU.
+            with torch.device("meta"):
+                plain = type(base)(base.config)
+            plain.load_state_dict(state, strict=False, assign=True)
+            plain.tie_weights()
             plain.save_pretrained(directory, safe_serialization=True)
         else:
             base.save_pretrained(directory, state_dict=state, safe_serialization=True)
