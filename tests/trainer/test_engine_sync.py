@@ -1,17 +1,16 @@
-"""The trainer against the real vLLM CPU engine (in-process, float32) and SmolLM2-135M, one engine for
-the module: the trainer's temperature-scaled log-probs equal vLLM's processed log-probs, and the
+"""The trainer against the real vLLM CPU engine (in-process, float32; the session's, tests/common/engine.py) and
+SmolLM2-135M: the trainer's temperature-scaled log-probs equal vLLM's processed log-probs, and the
 weight-sync check stays quiet while the engine serves the trainer's weights (reloaded through the
 path ``Policy.UpdateWeights`` takes) and fires once it serves other ones.
 
-Slow: an engine start and three PPO updates of SmolLM2 (LoRA, the shipped defaults) on short rollouts.
+Slow: an engine start (unless an earlier module started it) and three PPO updates of SmolLM2 (LoRA, the shipped
+defaults) on short rollouts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from transformers import GenerationConfig
 
 from ragr1.model_paths import prepare_policy_model
 from ragr1.services.policy.agent import GenerationRequest, Sampling
-from ragr1.services.policy.engine import EngineSettings, VllmEngine
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, to_sample
@@ -30,7 +28,7 @@ from ragr1.services.trainer.model import PolicyModel, collate
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
-from tests.common.engine import running_engine
+from tests.common.engine import Engine, SharedEngine
 from tests.trainer.rollouts import produce
 
 pytestmark = pytest.mark.slow
@@ -48,9 +46,8 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[tuple[VllmEngine, asyncio.AbstractEventLoop]]:
-    with running_engine(EngineSettings(dtype="float32", max_model_len=1024, kv_cache_gib=1)) as started:
-        yield started
+def engine(shared_engine: SharedEngine) -> Engine:
+    return shared_engine.for_module()
 
 
 def prompts(tokenizer: Any) -> list[list[int]]:
@@ -71,7 +68,7 @@ def end_of_sequence_ids(model: Path) -> set[int]:
 
 
 def sample(
-    engine: tuple[VllmEngine, asyncio.AbstractEventLoop], ids: list[list[int]], seed: int, version: int, tag: str
+    engine: Engine, ids: list[list[int]], seed: int, version: int, tag: str
 ) -> list[common_pb2.Rollout]:
     vllm, loop = engine
     sampling = Sampling(temperature=TEMPERATURE, top_p=1.0, max_tokens_per_turn=48)
@@ -102,7 +99,7 @@ def sample(
 
 
 def test_tempered_log_probs_equal_vllms_processed_log_probs(
-    engine: tuple[VllmEngine, asyncio.AbstractEventLoop],
+    engine: Engine,
 ) -> None:
     model = PolicyModel(prepare_policy_model(), bf16=False)
     rollouts = sample(engine, prompts(model.tokenizer), seed=1, version=0, tag="t")
@@ -143,7 +140,7 @@ def perturbed_checkpoint(source: Path, target: Path, scale: float = 0.1) -> Path
 
 @pytest.mark.timeout(1800)
 def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
-    engine: tuple[VllmEngine, asyncio.AbstractEventLoop],
+    engine: Engine,
     redis_client: redis.Redis,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
