@@ -10,9 +10,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 demo: $(STAMP)
 	bash scripts/main-job.sh
 
-# Two worker processes of one CPU thread each (tests/conftest.py says why one), whole modules per worker, the
-# longest modules first so that none starts last beside an idle worker. `$(VENV)/bin/python -m pytest -q -m
-# "not e2e"` runs the same tests in one process.
+# Two worker processes of one CPU thread each (tests/conftest.py says why one), whole modules per worker, modules
+# that share costly session fixtures on one worker, the longest first so that none starts last beside an idle
+# worker (tests/common/scheduling.py). `$(VENV)/bin/python -m pytest -q -m "not e2e"` runs the same tests in one
+# process.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2 --dist loadfile --no-loadscope-reorder
 
