@@ -14,7 +14,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ragr1.shipped import cache_dir, cache_lock, move_into_place
 
@@ -70,10 +72,7 @@ def _convert_smollm2(target: Path, force: bool) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    if model.config.tie_word_embeddings:
-        model.tie_weights()
+    model = model_with_weights(AutoModelForCausalLM.from_config, config, loaded.state_dict())
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
@@ -85,6 +84,18 @@ def _convert_smollm2(target: Path, force: bool) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def model_with_weights(build: Callable[[Any], Any], config: Any, state: dict[str, Any]) -> Any:
+    """``build(config)`` on the meta device, then given ``state``'s tensors (tied weights tied again): a model to
+    save, without the random initialisation that a plain build does and ``state`` overwrites at once."""
+    import torch
+
+    with torch.device("meta"):
+        model = build(config)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    return model
 
 
 def policy_checkpoint(path: str) -> Path:

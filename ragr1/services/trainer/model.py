@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ragr1.model_paths import model_with_weights
 from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
@@ -354,13 +355,8 @@ class PolicyModel(nn.Module):
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         if self.lora:
-            # Saved through a plain model of the same config (the adapted one would save peft's layers), built on
-            # the meta device: its random initialisation, overwritten at once, is most of a save's time on a CPU.
-            with torch.device("meta"):
-                plain = type(base)(base.config)
-            plain.load_state_dict(state, strict=False, assign=True)
-            plain.tie_weights()
-            plain.save_pretrained(directory, safe_serialization=True)
+            # Saved through a plain model of the same config: the adapted one would save peft's layers.
+            model_with_weights(type(base), base.config, state).save_pretrained(directory, safe_serialization=True)
         else:
             base.save_pretrained(directory, state_dict=state, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
