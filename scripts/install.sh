@@ -35,7 +35,7 @@ fi
 # disks that CI machines share.
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir -q)
 "${PIP[@]}" install --upgrade pip setuptools wheel
-# pip byte-compiles what it installs, one file after another on one core: a third of the install's time. Here each
+# pip byte-compiles what it installs, one file after another on one core, while the other core waits. Here each
 # `pip_install` leaves that to compileall on the other core while the next pip runs; compileall skips each file whose
 # .pyc is up to date, and a file it read while pip was still writing it is not (its size differs from the one its .pyc
 # records). The .pyc files must exist: where PYTHONDONTWRITEBYTECODE is set nothing writes them later, and every

@@ -1,6 +1,6 @@
 """mypy run in the background of a multi-worker test run, for tests/test_lint.py.
 
-mypy's first run on a fresh clone takes a minute and a half of one core, while a two-worker run leaves part of
+mypy's first run on a fresh clone (no cache) is long work for one core, while a two-worker run leaves part of
 the machine idle as its tests wait on processes. The run's controller, which only hands out tests, starts mypy at
 the lowest priority, so that it takes only what the tests leave; the lint test then reads its result.
 """
@@ -15,12 +15,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ragr1 import shipped
 from tests.common.waiting import wait_for
 
 # The folder of the background run's output and exit status; the workers inherit it from the controller.
 RESULT = "RAGR1_TEST_MYPY_RESULT"
-LINT_TESTS = Path(__file__).resolve().parent.parent / "test_lint.py"
-ROOT = LINT_TESTS.parent.parent
+ROOT = shipped.ROOT
+LINT_TESTS = ROOT / "tests" / "test_lint.py"
 # The lint test's mypy command, here or in the background.
 MYPY = Path(sys.executable).parent / "mypy"
 

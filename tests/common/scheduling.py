@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
+from ragr1.shipped import ROOT
+
 # Modules handed out first, in this order (the profiles on docs/results/); a group goes where its first module is.
 LONG_MODULES = (
     "tests/policy/test_integration.py",
@@ -39,7 +41,6 @@ GROUPS = {
 }
 _GROUP_OF = {module: group for group, modules in GROUPS.items() for module in modules}
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def module_of(item: pytest.Item) -> str:
