@@ -21,6 +21,7 @@ state). Per token is per token of the batch (prompts and responses, as the train
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import gc
 import sys
@@ -167,10 +168,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"per layer: PPO update {per_layer_ppo:,.0f}, SFT step {per_layer_sft:,.0f}; at {real.layers} layers "
           f"(by the same difference): PPO update {ppo_real:,.0f} operators, {ppo_real / tokens:.2f} per token; "
           f"SFT step {sft_real:,.0f}, {sft_real / tokens:.2f} per token; PPO / SFT {ppo_real / sft_real:.2f}")
-    print(f"\noperators per token at {last.layers} layers, by phase:")
-    print(table({"PPO update": last.ppo.by_phase, "SFT step": last.sft.by_phase}, tokens, args.rows, "phase"))
-    print(f"\noperators per token at {last.layers} layers, by name:")
-    print(table({"PPO update": last.ppo.by_name, "SFT step": last.sft.by_name}, tokens, args.rows, "operator"))
+    columns = {"PPO update": (first.ppo, last.ppo), "SFT step": (first.sft, last.sft)}
+    for what, key in (("phase", "by_phase"), ("name", "by_name")):
+        at_depth = {
+            name: extrapolate(getattr(a, key), getattr(b, key), first.layers, last.layers, real.layers)
+            for name, (a, b) in columns.items()
+        }
+        print(f"\noperators per token at {real.layers} layers (by the same difference), by {what}:")
+        print(table(at_depth, tokens, args.rows, "phase" if what == "phase" else "operator"))
+
+
+def extrapolate(
+    low: collections.Counter[str], high: collections.Counter[str], low_layers: int, high_layers: int, layers: int
+) -> collections.Counter[str]:
+    """Each key's count at ``layers`` from its counts at two depths (a layer adds the same operators each time)."""
+    out: collections.Counter[str] = collections.Counter()
+    for key in set(low) | set(high):
+        per_layer = (high[key] - low[key]) / (high_layers - low_layers)
+        out[key] = round(low[key] + per_layer * (layers - low_layers))
+    return out
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_count_per_layer_and_at_the_real_depth_follow_from_two_depths() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "ppo_ops.py"), "--tiny", "--layers", "1", "3", "--rows", "5"],
+        [sys.executable, str(ROOT / "bench" / "ppo_ops.py"), "--tiny", "--layers", "1", "3", "--rows", "40"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -19,6 +19,7 @@ make the host wait for the device each micro-batch, leaving the GPU idle while t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -207,6 +208,12 @@ class PPOUpdater:
         s = self.settings
         return micro_batches(batch, rows, s.micro_batch_size, s.micro_batch_tokens)
 
+    def _inference(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.inference_mode`` (no autograd records at all, not even tensors' version counters): its outputs
+        are inference tensors, which a loss must not keep for its backward (``prepare`` copies them). FSDP's
+        hooks update the sharded weights' version counters, which inference mode refuses: no_grad there."""
+        return torch.no_grad() if self.sharded else torch.inference_mode()
+
     def _forward_batches(self, batch: Batch, rows: Sequence[int]) -> list[list[int]]:
         """Micro-batches of a no-gradient pass: capped in tokens only (verl's dynamic batch size for log-probs)."""
         s = self.settings
@@ -217,9 +224,8 @@ class PPOUpdater:
         return self.actor.device
 
     def _no_grad(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        """``forward`` over ``batch`` in micro-batches, under ``torch.inference_mode`` (no autograd records at
-        all): an inference tensor, which a loss must not keep for its backward (``prepare`` copies them)."""
-        with torch.inference_mode():
+        """``forward`` over ``batch`` in micro-batches, without autograd (``_inference``)."""
+        with self._inference():
             passes = self._forward_batches(batch, range(len(batch)))
             if len(passes) == 1:
                 return forward(batch)
@@ -230,7 +236,7 @@ class PPOUpdater:
 
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
         batch = collate([x.sequence for x in samples], self.actor.pad_id, [x.temperature for x in samples])
-        with torch.inference_mode():
+        with self._inference():
             prepared = self._prepare(samples, batch)
         # Out of inference mode: the losses keep some of these for their backward, which inference tensors
         # may not be.
