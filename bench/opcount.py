@@ -29,8 +29,8 @@ OTHER = "(other)"
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """``owner.attribute`` (a method or function, looked up when called) counted as ``label``; ``label`` may
-    be a function of the call's arguments (the model a ``step`` trains)."""
+    """``owner.attribute`` (a method or function, looked up when called; none: nothing to wrap) counted as
+    ``label``; ``label`` may be a function of the call's arguments (the model a ``step`` trains)."""
 
     owner: Any
     attribute: str
@@ -54,7 +54,9 @@ def phases(wrapped: Sequence[Phase], labels: set[str]) -> Iterator[None]:
 
     saved = []
     for phase in wrapped:
-        original = getattr(phase.owner, phase.attribute)
+        original = getattr(phase.owner, phase.attribute, None)
+        if original is None:  # code from before the method existed
+            continue
         own = phase.attribute in getattr(phase.owner, "__dict__", {})
 
         def run(*args: Any, _original: Any = original, _phase: Phase = phase, **kwargs: Any) -> Any:

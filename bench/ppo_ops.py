@@ -75,6 +75,8 @@ def ppo_count(ctx: gpu_sections.Context, arch: str, scale: int) -> Counts:
         Phase(updater, "_hold_previous_actor", "previous actor held"),
         Phase(updater, "step", lambda model, *args, **kwargs: f"{model} steps (passes)"),
         Phase(torch.nn.utils, "clip_grad_norm_", "gradient clipping"),
+        Phase(updater.actor, "clip_gradients", "gradient clipping"),
+        Phase(updater.critic, "clip_gradients", "gradient clipping"),
         *(Phase(part.optimizer, "step", f"{part.name} optimiser") for part in updater.parts),
         Phase(updater, "_likelihood_change", "likelihood check"),
     ]
@@ -99,6 +101,7 @@ def sft_count(ctx: gpu_sections.Context, arch: str, scale: int) -> Counts:
     wrapped = [
         Phase(trainer, "step", "SFT step (passes)"),
         Phase(torch.nn.utils, "clip_grad_norm_", "gradient clipping"),
+        Phase(trainer.model, "clip_gradients", "gradient clipping"),
         Phase(trainer.optimizer, "step", "optimiser"),
     ]
     return count_operators(lambda: trainer.step(sequences), wrapped)

@@ -56,6 +56,28 @@ def test_master_weights_accumulate_in_float32_and_publish_the_masters_rounded() 
     assert all(torch.equal(m.grad, e) for m, e in zip(masters.masters, expected[0], strict=True))  # type: ignore[arg-type]
 
 
+def test_clipping_the_masters_gradients_is_clip_grad_norm() -> None:
+    torch.manual_seed(0)
+    layer, head = nn.Linear(4, 3), nn.Linear(3, 1)
+    twin, twin_head = copy.deepcopy(layer), copy.deepcopy(head)
+    masters = MasterWeights(list(layer.parameters()))
+    masters.begin()
+    head(layer(torch.randn(5, 4, dtype=torch.bfloat16)).float()).sum().backward()
+    masters.accumulate()
+    # The same gradients on float32 weights: clip_grad_norm_ over them gives the norm and the scaled gradients.
+    for master, weight in zip(masters.masters, twin.parameters(), strict=True):
+        weight.grad = master.grad.clone()  # type: ignore[union-attr]
+    for p, q in zip(head.parameters(), twin_head.parameters(), strict=True):
+        q.grad = p.grad.clone()  # type: ignore[union-attr]
+    want = torch.nn.utils.clip_grad_norm_([*twin.parameters(), *twin_head.parameters()], 0.5)
+    got = masters.clip(list(head.parameters()), 0.5)
+    assert float(want) > 0.5  # the clip acts
+    # Norms of the same values summed in another order: float32 rounding of the sum of squares, 8 u of it.
+    assert abs(float(got) - float(want)) <= 8 * 2**-24 * float(want)
+    for p, q in zip([*masters.masters, *head.parameters()], [*twin.parameters(), *twin_head.parameters()], strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=8 * 2**-24, atol=0)  # type: ignore[arg-type]
+
+
 def test_a_copy_of_master_weights_computes_with_its_own_buffers() -> None:
     layer = nn.Linear(3, 2)
     held = {"layer": layer, "masters": MasterWeights(list(layer.parameters()))}

@@ -301,6 +301,12 @@ class PolicyModel(nn.Module):
         if self.masters is not None:
             self.masters.accumulate()
 
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """The optimiser's gradients clipped to ``max_norm`` by their global norm, which it returns."""
+        if self.masters is not None:
+            return self.masters.clip([], max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.actor_parameters(), max_norm)
+
     def publish_weights(self) -> None:
         """After each optimiser step (a no-op without masters)."""
         if self.masters is not None:
@@ -466,6 +472,11 @@ class ValueModel(nn.Module):
     def accumulate_gradients(self) -> None:
         if self.masters is not None:
             self.masters.accumulate()
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        if self.masters is not None:
+            return self.masters.clip([p for p in self.value_head.parameters() if p.requires_grad], max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.critic_parameters(), max_norm)
 
     def publish_weights(self) -> None:
         if self.masters is not None:

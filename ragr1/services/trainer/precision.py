@@ -122,6 +122,18 @@ class MasterWeights:
         self.master_grads.add_(self.grads)
         self.grads.zero_()
 
+    def clip(self, others: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_``'s arithmetic over the masters' gradients and those of ``others`` (weights
+        kept float32, such as a value head): the total norm, returned as a tensor, and every gradient scaled by
+        ``min(1, max_norm / (norm + 1e-6))``; on the one buffer instead of one norm and one product a weight."""
+        grads = [p.grad for p in others if p.grad is not None]
+        norms = [torch.linalg.vector_norm(self.master_grads), *(torch.linalg.vector_norm(g) for g in grads)]
+        total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for flat in (self.master_grads, *grads):
+            flat.mul_(scale)
+        return total
+
     def publish(self) -> None:
         """After an optimiser step, or the masters loaded: the network computes with them, rounded; the
         gradients' buffers are released until the next ``begin``."""

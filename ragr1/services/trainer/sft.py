@@ -80,7 +80,7 @@ class SFTTrainer:
             loss.backward()
             self.model.accumulate_gradients()
             total = total + loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.optimizer_parameters(), c.max_grad_norm)
+        grad_norm = self.model.clip_gradients(c.max_grad_norm)
         self.optimizer.step()
         self.model.publish_weights()
         return numbers({"loss": total, "grad_norm": grad_norm, "tokens": float(batch.attention_mask.sum())})

@@ -374,7 +374,7 @@ class PPOUpdater:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 reduce(p.grad, "sum")
-        norm = torch.nn.utils.clip_grad_norm_(part.params, part.max_grad_norm)
+        norm = network.clip_gradients(part.max_grad_norm)
         part.grad_norms.append(fsdp.whole(norm).detach())
         part.optimizer.step()
         network.publish_weights()
