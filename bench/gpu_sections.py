@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import mfu  # noqa: E402  (after the path: this file runs as a script)
+from bench.opcount import count_operators  # noqa: E402
 
 GIB = 2**30
 SECTIONS = ("trainer", "fsdp", "rollout", "retriever")
@@ -331,7 +332,16 @@ def measure(ctx: Context, step: Callable[[], dict[str, float]]) -> dict[str, Any
     return {"rate": tokens / per_step, "unit": "tok/s", "seconds": per_step, **ctx.memory(), "first": first}
 
 
-def sft_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
+def operators(step: Callable[[], dict[str, float]]) -> dict[str, Any]:
+    """The operators one more step dispatches per token (``bench/opcount.py``), and the five most frequent."""
+    stats: dict[str, dict[str, float]] = {}
+    counts = count_operators(lambda: stats.setdefault("step", step()))
+    tokens = stats["step"]["tokens"]
+    top = {name: round(n / tokens, 2) for name, n in counts.by_name.most_common(5)}
+    return {"ops_per_token": counts.total / tokens, "ops_top": top}
+
+
+def sft_case(ctx: Context, arch: str, lora_rank: int, count: bool = False) -> dict[str, Any]:
     from ragr1.services.trainer.config import SFTConfig
     from ragr1.services.trainer.sft import SFTTrainer
 
@@ -347,7 +357,8 @@ def sft_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
     per_token = mfu.sft_flops_per_token(
         parameters(trainer.model.base()), lora=lora_rank > 0, checkpointing=config.gradient_checkpointing
     )
-    return {**result, **utilisation(ctx, result["rate"], per_token)}
+    counted = operators(lambda: trainer.step(sequences)) if count else {}
+    return {**result, **utilisation(ctx, result["rate"], per_token), **counted}
 
 
 def parameters(model: Any) -> float:
@@ -369,7 +380,7 @@ def ppo_settings(ctx: Context, lora_rank: int) -> Any:
     )
 
 
-def ppo_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
+def ppo_case(ctx: Context, arch: str, lora_rank: int, count: bool = False) -> dict[str, Any]:
     from ragr1.services.trainer.updater import PPOUpdater
 
     settings = ppo_settings(ctx, lora_rank)
@@ -381,30 +392,42 @@ def ppo_case(ctx: Context, arch: str, lora_rank: int) -> dict[str, Any]:
         parameters(updater.actor.base()), lora=lora_rank > 0, checkpointing=settings.gradient_checkpointing,
         critic=updater.critic is not None, reference=settings.kl_coef > 0, epochs=settings.ppo_epochs,
     )
-    return {**result, **utilisation(ctx, result["rate"], per_token)}
+    counted = operators(lambda: updater.update(samples)) if count else {}
+    return {**result, **utilisation(ctx, result["rate"], per_token), **counted}
 
 
 def beside_sft(ppo: dict[str, Any], sft: dict[str, Any] | None) -> dict[str, Any]:
-    """A PPO row with its tokens/s as a share of the SFT step's on the same model and sequences."""
+    """A PPO row with its tokens/s as a share of the SFT step's on the same model and sequences, and its
+    operators per token as a multiple of the SFT step's where both were counted."""
     if sft is None or sft.get("status") != "ok" or ppo.get("status") != "ok":
         return ppo
-    return {**ppo, "vs": ppo["rate"] / sft["rate"], "vs_what": "SFT step"}
+    row = {**ppo, "vs": ppo["rate"] / sft["rate"], "vs_what": "SFT step"}
+    if "ops_per_token" in ppo and "ops_per_token" in sft:
+        row["ops_vs_sft"] = ppo["ops_per_token"] / sft["ops_per_token"]
+        row["note"] = (
+            f"{row.get('note', '')}; {ppo['ops_per_token']:.1f} operators a token, "
+            f"{row['ops_vs_sft']:.2f}x the SFT step's {sft['ops_per_token']:.1f}"
+        )
+    return row
 
 
 def trainer_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, Any]]:
     s = ctx.sizes
     shape = f"{s.sequences} seq x {s.prompt_tokens + s.response_tokens} tok, bf16, checkpointing"
     sft: dict[tuple[str, int], dict[str, Any]] = {}
+    # Full fine-tuning of the largest model first, its operators counted: the rows issue 54's goal is read from.
     for arch in s.trainer_archs:
-        for stage, case_fn in (("SFT", sft_case), ("PPO", ppo_case)):
-            for lora_rank in (16, 0):
+        for lora_rank in (0, 16):
+            count = arch == s.trainer_archs[0] and lora_rank == 0
+            for stage, case_fn in (("SFT", sft_case), ("PPO", ppo_case)):
                 kind = f"LoRA r{lora_rank}" if lora_rank else "full"
                 case = f"{stage} step, {kind}, {arch}" if stage == "SFT" else f"{stage} update, {kind}, {arch}"
 
-                def run(fn: Callable[..., dict[str, Any]] = case_fn, a: str = arch, r: int = lora_rank) -> (
-                    dict[str, Any]
-                ):
-                    return {**fn(ctx, a, r), "note": shape + ("; critic + KL reference" if fn is ppo_case else "")}
+                def run(
+                    fn: Callable[..., dict[str, Any]] = case_fn, a: str = arch, r: int = lora_rank, c: bool = count
+                ) -> dict[str, Any]:
+                    note = shape + ("; critic + KL reference" if fn is ppo_case else "")
+                    return {**fn(ctx, a, r, c), "note": note}
 
                 result = attempt(ctx, "trainer", case, soft_deadline, run)
                 if stage == "SFT":

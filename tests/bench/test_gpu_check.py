@@ -54,6 +54,14 @@ def test_every_section_measures_at_toy_sizes_and_lands_in_the_table(tmp_path: Pa
         for kind in ("LoRA r16", "full")
         for arch in ("tiny-llama", "tiny-qwen2")
     }
+    # The first model's full fine-tuning first, with its operators counted: the PPO row beside the SFT row.
+    first = rows_of(report, "trainer")[:2]
+    assert [r["case"] for r in first] == ["SFT step, full, tiny-llama", "PPO update, full, tiny-llama"]
+    sft, ppo = first
+    assert ppo["ops_vs_sft"] == pytest.approx(ppo["ops_per_token"] / sft["ops_per_token"])
+    assert ppo["ops_per_token"] > sft["ops_per_token"] > 0 and ppo["vs_what"] == "SFT step"
+    assert f"{ppo['ops_per_token']:.1f} operators a token" in ppo["note"]
+    assert [r for r in rows_of(report, "trainer")[2:] if "ops_per_token" in r] == []
     # FSDP2 in a one-process group takes the same first update as no sharding.
     fsdp = {r["case"].rsplit(", ", 1)[-1]: r for r in rows_of(report, "fsdp")}
     assert fsdp["no sharding"]["status"] == fsdp["FSDP2"]["status"] == "ok"

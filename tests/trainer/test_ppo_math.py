@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ragr1.services.trainer import ppo_math
+from tests.trainer.rounding import rounding
 
 
 def test_gae_with_unit_gamma_lambda_is_return_minus_value_and_skips_information_tokens() -> None:
@@ -162,3 +163,36 @@ def test_tempered_log_probs_are_those_of_the_scaled_distribution() -> None:
     scaled = torch.softmax(logits / 0.5, dim=-1)[0]
     assert lp.item() == pytest.approx(math.log(scaled[0].item()), rel=1e-6)
     assert entropy.item() == pytest.approx(-(scaled * scaled.log()).sum().item(), rel=1e-6)
+
+
+def looped_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's backward recursion, one position at a time, skipping the masked ones."""
+    batch, length = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(batch, dtype=rewards.dtype)
+    running = torch.zeros(batch, dtype=rewards.dtype)
+    for t in reversed(range(length)):
+        m = mask[:, t].to(rewards.dtype)
+        step = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        running = m * step + (1 - m) * running
+        next_value = m * values[:, t] + (1 - m) * next_value
+        advantages[:, t] = m * step
+    return advantages, (advantages + values) * mask
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.0, 1.0)])
+def test_gae_in_closed_form_is_the_backward_recursion(gamma: float, lam: float) -> None:
+    generator = torch.Generator().manual_seed(0)
+    mask = (torch.rand(5, 300, generator=generator) < 0.4).float()
+    mask[3] = 0  # a row with nothing generated
+    mask[4, 299] = 1  # a last position generated
+    values = torch.randn(5, 300, generator=generator)
+    rewards = torch.randn(5, 300, generator=generator) * mask
+    adv, ret = ppo_math.gae(rewards, values, mask, gamma, lam)
+    want_adv, want_ret = looped_gae(rewards, values, mask, gamma, lam)
+    # The same sums in another order: rounding of a row's terms (a reward and two values a step).
+    allowed = rounding(300, float((rewards.abs() + 2 * values.abs()).sum(dim=1).max()))
+    assert float((adv - want_adv).abs().max()) <= allowed and float((ret - want_ret).abs().max()) <= allowed
+    assert float(adv[mask == 0].abs().max()) == 0.0 and float(ret[mask == 0].abs().max()) == 0.0

@@ -112,7 +112,13 @@ class PPOSettings(ModelSettings):
     ppo_epochs: int = setting(1, "passes over each batch (each pass takes one step per mini-batch)")
     shuffle_mini_batches: bool = setting(False, "shuffle the rollouts before splitting them into mini-batches")
     micro_batch_tokens: int = setting(
-        4096, "most tokens (rows x longest row) per forward/backward; 0 = micro_batch_size alone decides"
+        8192, "most tokens (rows x longest row) per forward/backward; 0 = micro_batch_size alone decides"
+    )
+    forward_micro_batch_tokens: int = setting(
+        16384,
+        "most tokens per micro-batch of the no-gradient passes (old and reference log-probs, values, the "
+        "likelihood check; verl's log_prob_max_token_len_per_gpu), whatever its rows: they keep no activations; "
+        "0 = as training's",
     )
     logit_chunk_tokens: int = setting(
         1024, "positions per chunk of the vocabulary projection (its [positions x vocab] tensors are the bulk)"
@@ -190,7 +196,7 @@ class PPOSettings(ModelSettings):
         super().validate()
         check_at_least(self, (
             ("lora_rank", 0), ("mini_batch_size", 1), ("ppo_epochs", 1), ("logit_chunk_tokens", 1),
-            ("micro_batch_tokens", 0), ("max_updates", 0),
+            ("micro_batch_tokens", 0), ("forward_micro_batch_tokens", 0), ("max_updates", 0),
         ))
         if self.advantage == "grpo" and self.kl_penalty == "reward" and self.kl_coef > 0:
             # Refused rather than warned: such a run learns from noise while its rewards say nothing happened.

@@ -39,6 +39,7 @@ from ragr1.model_paths import model_with_weights
 from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
+from ragr1.services.trainer.precision import MasterWeights
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,8 @@ class PolicyModel(nn.Module):
                      "native bfloat16" if self.bf16 else "no native bfloat16: float32 is faster here")
         self.lora = lora_rank > 0
         self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
+        # Set by hold_weights_in_compute_dtype: the trained weights in bfloat16 with float32 masters.
+        self.masters: MasterWeights | None = None
         self.logit_chunk_tokens = logit_chunk_tokens
         self.gradient_checkpointing = gradient_checkpointing
         self.reference: nn.Module | None = None
@@ -268,8 +271,49 @@ class PolicyModel(nn.Module):
     def actor_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.lm.parameters() if p.requires_grad]
 
+    def hold_weights_in_compute_dtype(self) -> bool:
+        """With bf16 and every weight trained, on one device: the weights in bfloat16 from now on, the optimiser's
+        float32 masters in ``masters`` (``precision``), the reference in bfloat16, and no autocast. LoRA keeps
+        float32 adapters under autocast (its frozen weights are shared with the critic's trunk); a sharded
+        network keeps FSDP's own. Call it once the critic has copied its trunk; returns whether it did."""
+        params = self.actor_parameters()
+        if not self.bf16 or self.lora or self.masters is not None or any(fsdp.is_sharded(p) for p in params):
+            return False
+        self.masters = MasterWeights(params)
+        if self.reference is not None:
+            with torch.no_grad():
+                # Parameters only: the rotary embeddings' frequencies (a buffer) stay float32, as the actor's do.
+                for p in self.reference.parameters():
+                    p.data = p.data.to(torch.bfloat16)
+        return True
+
+    def optimizer_parameters(self) -> list[nn.Parameter]:
+        """What the optimiser steps: the float32 masters when they are held, else the trained weights."""
+        return self.masters.masters if self.masters is not None else self.actor_parameters()
+
+    def begin_gradients(self) -> None:
+        """Before a step's first backward (a no-op without masters)."""
+        if self.masters is not None:
+            self.masters.begin()
+
+    def accumulate_gradients(self) -> None:
+        """After each backward (a no-op without masters)."""
+        if self.masters is not None:
+            self.masters.accumulate()
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """The optimiser's gradients clipped to ``max_norm`` by their global norm, which it returns."""
+        if self.masters is not None:
+            return self.masters.clip([], max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.actor_parameters(), max_norm)
+
+    def publish_weights(self) -> None:
+        """After each optimiser step (a no-op without masters)."""
+        if self.masters is not None:
+            self.masters.publish()
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return autocast(self.bf16, self.device)
+        return autocast(self.bf16 and self.masters is None, self.device)
 
     def _run(self, network: Any, batch: Batch) -> Outputs:
         """Log-probs and entropy on the model's device, whichever device ``batch`` is on."""
@@ -331,7 +375,8 @@ class PolicyModel(nn.Module):
         Computed out of place: peft's merge/unmerge would round the frozen base weights (which the
         critic's trunk and the reference share) a little differently each time."""
         if not self.lora:
-            return {k: _cpu_copy(v) for k, v in self.lm.state_dict().items()}
+            masters = _masters(self)
+            return {k: _cpu_copy(masters.get(id(v), v)) for k, v in self.lm.state_dict(keep_vars=True).items()}
         from peft.tuners.lora import LoraLayer
 
         deltas = {}
@@ -354,8 +399,9 @@ class PolicyModel(nn.Module):
         state = self.merged_state_dict()
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
-        if self.lora:
-            # Saved through a plain model of the same config: the adapted one would save peft's layers.
+        if self.lora or self.masters is not None:
+            # Saved through a plain model of the same config: the adapted one would save peft's layers, and one in
+            # bfloat16 would write bfloat16 as the checkpoint's dtype (its weights are the float32 masters).
             model_with_weights(type(base), base.config, state).save_pretrained(directory, safe_serialization=True)
         else:
             base.save_pretrained(directory, state_dict=state, safe_serialization=True)
@@ -391,7 +437,9 @@ class ValueModel(nn.Module):
         if actor.gradient_checkpointing:
             _enable_gradient_checkpointing(self.trunk)
         self.bf16 = actor.bf16
+        self.lora = actor.lora
         self.device = actor.device
+        self.masters: MasterWeights | None = None
         # Zero-initialised: every value starts at 0 (the return of an unscored trajectory).
         self.value_head = nn.Linear(trunk.config.hidden_size, 1, device=self.device)
         nn.init.zeros_(self.value_head.weight)
@@ -403,11 +451,42 @@ class ValueModel(nn.Module):
     def critic_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
+    def hold_weights_in_compute_dtype(self) -> bool:
+        """The trunk's weights in bfloat16 with float32 masters, as ``PolicyModel``'s; the value head (one row of
+        weights) stays float32 and is stepped as it is."""
+        trunk = [p for p in self.trunk.parameters() if p.requires_grad]
+        if not self.bf16 or self.lora or self.masters is not None or any(fsdp.is_sharded(p) for p in trunk):
+            return False
+        self.masters = MasterWeights(trunk)
+        return True
+
+    def optimizer_parameters(self) -> list[nn.Parameter]:
+        if self.masters is None:
+            return self.critic_parameters()
+        return [*self.masters.masters, *(p for p in self.value_head.parameters() if p.requires_grad)]
+
+    def begin_gradients(self) -> None:
+        if self.masters is not None:
+            self.masters.begin()
+
+    def accumulate_gradients(self) -> None:
+        if self.masters is not None:
+            self.masters.accumulate()
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        if self.masters is not None:
+            return self.masters.clip([p for p in self.value_head.parameters() if p.requires_grad], max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.critic_parameters(), max_norm)
+
+    def publish_weights(self) -> None:
+        if self.masters is not None:
+            self.masters.publish()
+
     def forward(self, batch: Batch) -> torch.Tensor:
         """``[B, R]`` values on the model's device, 0 where the mask is 0."""
         rows, cols = (t.to(self.device) for t in _generated(batch))
         on_device = batch.to(self.device)
-        with autocast(self.bf16, self.device):
+        with autocast(self.bf16 and self.masters is None, self.device):
             hidden = _hidden_at(self.trunk, on_device, rows, cols)
         values = self.value_head(hidden.float()).squeeze(-1)
         return _scatter(values, on_device, rows, cols)
@@ -430,9 +509,16 @@ def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return fsdp.full(tensor.detach()).to("cpu", copy=True)
 
 
+def _masters(module: nn.Module) -> dict[int, nn.Parameter]:
+    """Each trained weight's float32 master, by the weight's ``id``, where ``module`` holds them."""
+    held: MasterWeights | None = getattr(module, "masters", None)
+    return held.master_of() if held is not None else {}
+
+
 def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of the trainable weights."""
-    return {k: _cpu_copy(v) for k, v in _named_trainable(module)}
+    """A CPU copy of the trainable weights (their float32 masters where they are held)."""
+    masters = _masters(module)
+    return {k: _cpu_copy(masters.get(id(v), v)) for k, v in _named_trainable(module)}
 
 
 def load_trainable_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -440,6 +526,11 @@ def load_trainable_state(module: nn.Module, state: dict[str, torch.Tensor]) -> N
     missing = sorted(set(params) - set(state))
     if missing:
         raise ValueError(f"trainer state lacks {len(missing)} parameters, e.g. {missing[:3]}")
+    masters = _masters(module)
     with torch.no_grad():
         for name, param in params.items():
-            param.copy_(fsdp.distribute_like(state[name], param))
+            target = masters.get(id(param), param)
+            target.copy_(fsdp.distribute_like(state[name], target))
+    held: MasterWeights | None = getattr(module, "masters", None)
+    if held is not None:
+        held.publish()

@@ -38,7 +38,12 @@ class SFTTrainer:
             policy_checkpoint(config.model), lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
             bf16=config.bf16, gradient_checkpointing=config.gradient_checkpointing, device=device,
         )
-        self.optimizer = torch.optim.AdamW(self.model.actor_parameters(), lr=config.lr, weight_decay=0.0)
+        # bf16 and every weight trained: the weights in bfloat16, float32 masters for the optimiser (precision).
+        self.model.hold_weights_in_compute_dtype()
+        # Fused: one operator per step instead of several per parameter (a launch each on a GPU).
+        self.optimizer = torch.optim.AdamW(
+            self.model.optimizer_parameters(), lr=config.lr, weight_decay=0.0, fused=True
+        )
 
     def build_sequences(self) -> list[data.TokenSequence]:
         """From QA files with supporting paragraphs, or from trajectories ``ragr1 data prepare`` wrote."""
@@ -59,6 +64,7 @@ class SFTTrainer:
         """One optimiser step over ``sequences`` (gradients accumulated over micro-batches)."""
         c = self.config
         self.model.train()
+        self.model.begin_gradients()
         self.optimizer.zero_grad(set_to_none=False)
         batch = collate(sequences, self.model.pad_id)
         denominator = float(batch.mask.sum().clamp(min=1))  # the CPU batch's: no wait on the device
@@ -72,9 +78,11 @@ class SFTTrainer:
             out = self.model(micro)
             loss = sft_loss(out.logprobs, micro.mask, denominator)
             loss.backward()
+            self.model.accumulate_gradients()
             total = total + loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.actor_parameters(), c.max_grad_norm)
+        grad_norm = self.model.clip_gradients(c.max_grad_norm)
         self.optimizer.step()
+        self.model.publish_weights()
         return numbers({"loss": total, "grad_norm": grad_norm, "tokens": float(batch.attention_mask.sum())})
 
     def train(

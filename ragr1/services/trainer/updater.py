@@ -19,6 +19,7 @@ make the host wait for the device each micro-batch, leaving the GPU idle while t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -130,22 +131,28 @@ class PPOUpdater:
         self.critic = critic if settings.uses_critic else None
         # Updates taken so far: drives the warm-up and the shuffling seed; saved with the state.
         self.updates = 0
-        # The actor's trainable weights before the last update (on the CPU; the LoRA adapters by default):
-        # with asynchronous rollouts most of a batch was sampled a version behind, and the weight-sync
-        # check compares those under the weights that sampled them. Not saved: after a restart only
-        # rollouts of the current version are checked until the next update.
-        self.previous_actor: dict[str, torch.Tensor] | None = None
+        # The actor's trainable weights before the last update: with asynchronous rollouts most of a batch was
+        # sampled a version behind, and the weight-sync check compares those under the weights that sampled
+        # them. A CPU state dict (the LoRA adapters by default), or, where the actor holds bfloat16 weights with
+        # masters, one copy of their flat buffer (``_previous_buffer`` says where). Not saved: after a restart
+        # only rollouts of the current version are checked until the next update.
+        self.previous_actor: dict[str, torch.Tensor] | torch.Tensor | None = None
         # FSDP: the gradients are reduce-scattered in the backward, and every worker must run as many
         # forward passes as the others (each pass gathers weights from all of them).
         self.sharded = any(fsdp.is_sharded(p) for p in actor.actor_parameters())
-        # On a GPU, AdamW's fused kernel: one launch per step instead of several per parameter group.
-        fused = True if actor.device.type == "cuda" and not self.sharded else None
+        if not self.sharded:
+            # bf16 and every weight trained: the weights in bfloat16, float32 masters for the optimisers.
+            actor.hold_weights_in_compute_dtype()
+            if self.critic is not None:
+                self.critic.hold_weights_in_compute_dtype()
+        # AdamW's fused step: one operator per step instead of several per parameter (a launch each on a GPU).
+        fused = True if not self.sharded else None
         self.parts = [
             _Optimised(
                 "actor",
-                actor.actor_parameters(),
+                actor.optimizer_parameters(),
                 torch.optim.AdamW(
-                    actor.actor_parameters(), lr=settings.actor_learning_rate, weight_decay=settings.weight_decay,
+                    actor.optimizer_parameters(), lr=settings.actor_learning_rate, weight_decay=settings.weight_decay,
                     fused=fused,
                 ),
                 settings.actor_learning_rate,
@@ -154,7 +161,7 @@ class PPOUpdater:
             )
         ]
         if self.critic is not None:
-            params = self.critic.critic_parameters()
+            params = self.critic.optimizer_parameters()
             self.parts.append(
                 _Optimised(
                     "critic",
@@ -201,22 +208,50 @@ class PPOUpdater:
         s = self.settings
         return micro_batches(batch, rows, s.micro_batch_size, s.micro_batch_tokens)
 
+    def _inference(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.inference_mode`` (no autograd records at all, not even tensors' version counters): its outputs
+        are inference tensors, which a loss must not keep for its backward (``prepare`` copies them). FSDP's
+        hooks update the sharded weights' version counters, which inference mode refuses: no_grad there."""
+        return torch.no_grad() if self.sharded else torch.inference_mode()
+
+    def _forward_batches(self, batch: Batch, rows: Sequence[int]) -> list[list[int]]:
+        """Micro-batches of a no-gradient pass: capped in tokens only (verl's dynamic batch size for log-probs)."""
+        s = self.settings
+        return micro_batches(batch, rows, len(rows), s.forward_micro_batch_tokens or s.micro_batch_tokens)
+
     @property
     def device(self) -> torch.device:
         return self.actor.device
 
     def _no_grad(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        out = torch.zeros(batch.mask.shape, device=self.device)
-        with torch.no_grad():
-            for rows in self._micro_batches(batch, range(len(batch))):
+        """``forward`` over ``batch`` in micro-batches, without autograd (``_inference``)."""
+        with self._inference():
+            passes = self._forward_batches(batch, range(len(batch)))
+            if len(passes) == 1:
+                return forward(batch)
+            out = torch.zeros(batch.mask.shape, device=self.device)
+            for rows in passes:
                 out[rows] = forward(batch.select(rows))
         return out
 
-    @torch.no_grad()
     def prepare(self, samples: Sequence[Sample]) -> Prepared:
+        batch = collate([x.sequence for x in samples], self.actor.pad_id, [x.temperature for x in samples])
+        with self._inference():
+            prepared = self._prepare(samples, batch)
+        # Out of inference mode: the losses keep some of these for their backward, which inference tensors
+        # may not be.
+        return dataclasses.replace(
+            prepared,
+            **{
+                f.name: getattr(prepared, f.name).clone()
+                for f in dataclasses.fields(prepared)
+                if isinstance(getattr(prepared, f.name), torch.Tensor)
+            },
+        )
+
+    def _prepare(self, samples: Sequence[Sample], batch: Batch) -> Prepared:
         s = self.settings
         self.actor.eval()
-        batch = collate([x.sequence for x in samples], self.actor.pad_id, [x.temperature for x in samples])
         mask = batch.mask.to(self.device)
         old_logprobs = self._no_grad(batch, lambda b: self.actor(b).logprobs)
         stats: dict[str, torch.Tensor | float] = {}
@@ -319,7 +354,9 @@ class PPOUpdater:
         network.train()
         stats = stats or StepStats(self.device)
         denominator = prepared.tokens(mini_batch)
-        part.optimizer.zero_grad(set_to_none=True)
+        # Master weights' gradients are views of one buffer, zeroed in place.
+        network.begin_gradients()
+        part.optimizer.zero_grad(set_to_none=network.masters is None)
         for rows, counted in self._passes(prepared, mini_batch, rank, world, reduce):
             micro = prepared.batch.select(rows)
             sel = torch.as_tensor(rows, dtype=torch.long).to(self.device)
@@ -328,6 +365,7 @@ class PPOUpdater:
                 stats.add(step_stats, prepared.tokens(rows), denominator)
             # FSDP averages over the workers where the step needs their sum (fsdp).
             (loss * (world if self.sharded else 1) * float(counted)).backward()
+            network.accumulate_gradients()
         if reduce is not None:
             for p in part.params:
                 if fsdp.is_sharded(p):
@@ -336,9 +374,10 @@ class PPOUpdater:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 reduce(p.grad, "sum")
-        norm = torch.nn.utils.clip_grad_norm_(part.params, part.max_grad_norm)
+        norm = network.clip_gradients(part.max_grad_norm)
         part.grad_norms.append(fsdp.whole(norm).detach())
         part.optimizer.step()
+        network.publish_weights()
         return stats
 
     def _passes(
@@ -367,7 +406,16 @@ class PPOUpdater:
         previous = self.previous_actor
         lagged = [i for i, x in enumerate(samples) if x.weights_lag == 1] if previous is not None else []
         trainer = current
-        if previous is not None and lagged:
+        if isinstance(previous, torch.Tensor) and lagged:
+            masters = self.actor.masters
+            assert masters is not None
+            masters.weights.copy_(previous)
+            try:
+                trainer = current.clone()
+                trainer[lagged] = self._no_grad(batch.select(lagged), lambda b: self.actor(b).logprobs)
+            finally:
+                masters.publish()
+        elif isinstance(previous, dict) and lagged:
             held = self.actor.trainable_state()
             self.actor.load_trainable_state(previous)
             try:
@@ -420,19 +468,40 @@ class PPOUpdater:
         return result
 
     def _hold_previous_actor(self) -> None:
-        """``previous_actor``: the actor's trainable weights now, on the CPU. From a GPU the copy goes into
-        pinned buffers kept across updates, queued behind the work before it (the optimiser steps that
-        follow it on the same stream wait for it; the host does not)."""
+        """``previous_actor``: the actor's trainable weights now. With master weights, their bfloat16 buffer in one
+        copy (``_previous_buffer``). Else on the CPU; from a GPU into pinned buffers kept across updates, queued
+        behind the work before it (the optimiser steps that follow it on the same stream wait for it; the host
+        does not)."""
+        masters = self.actor.masters
+        if masters is not None:
+            held = self.previous_actor
+            if not isinstance(held, torch.Tensor) or held.shape != masters.weights.shape:
+                held = self._previous_buffer(masters.weights)
+            held.copy_(masters.weights, non_blocking=True)
+            self.previous_actor = held
+            return
         if self.device.type != "cuda" or self.sharded:
             self.previous_actor = self.actor.trainable_state()
             return
-        held = self.previous_actor or {}
+        held = self.previous_actor if isinstance(self.previous_actor, dict) else {}
         current = dict(_named_trainable(self.actor))
         if held.keys() != current.keys():
             held = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in current.items()}
         for name, param in current.items():
             held[name].copy_(param.detach(), non_blocking=True)
         self.previous_actor = held
+
+    @staticmethod
+    def _previous_buffer(weights: torch.Tensor) -> torch.Tensor:
+        """Room for a copy of ``weights``: on their device where it leaves at least three more copies' worth free
+        (the steps that follow need room for their activations), else in pinned host memory."""
+        if weights.device.type != "cuda":
+            return torch.empty_like(weights)
+        free, _ = torch.cuda.mem_get_info(weights.device)
+        if free >= 4 * weights.numel() * weights.element_size():
+            return torch.empty_like(weights)
+        log.info("the previous actor's weights go to host memory: the GPU has %.1f GiB free", free / 2**30)
+        return torch.empty(weights.shape, dtype=weights.dtype, pin_memory=True)
 
     def _likelihood_change(self, prepared: Prepared) -> dict[str, float]:
         """What the update did to the rollouts it was meant to reinforce (positive advantage summed over
