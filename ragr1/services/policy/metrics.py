@@ -82,7 +82,14 @@ WORKER_BATCHES = Counter(
 )
 WORKER_PROMPTS = Counter(
     "ragr1_policy_worker_prompts_total",
-    "Prompts a rollout worker finished, by outcome (acked, requeued, dead_lettered, handed_back: left unfinished "
-    "to the other workers).",
+    "Prompts a rollout worker finished, by outcome (acked; requeued: handed back after a passing failure, a "
+    "delivery counted, due again after a backoff; dead_lettered; handed_back: left unfinished to the other "
+    "workers, no delivery counted).",
     ["outcome"],
+)
+WORKER_REQUEUES = Counter(
+    "ragr1_policy_worker_requeues_total",
+    "Prompts a rollout worker handed back after a passing failure, by what failed (rollout, scoring, "
+    "acknowledgement, retrieval_error, aborted).",
+    ["reason"],
 )
