@@ -239,13 +239,14 @@ class Policy:
             await self.engine.reload_weights(path)
 
         try:
-            path = check_checkpoint(self.model_dir, checkpoint_path)
-            if sha256:
-                await self._check_digest(path, sha256)
-            await self.gate.update(
-                version, checkpoint_path, load, in_flight=in_flight or self.in_flight, abort=self.engine.abort_all,
-                same_version=same_version,
-            )
+            async with self.gate.holding():  # no rollout starts on the old weights while the new ones are checked
+                path = check_checkpoint(self.model_dir, checkpoint_path)
+                if sha256:
+                    await self._check_digest(path, sha256)
+                await self.gate.update(
+                    version, checkpoint_path, load, in_flight=in_flight or self.in_flight,
+                    abort=self.engine.abort_all, same_version=same_version,
+                )
         except Exception:
             metrics.WEIGHT_UPDATE_FAILURES.inc()
             raise
