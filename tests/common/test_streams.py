@@ -285,7 +285,9 @@ def test_an_entry_retried_goes_back_at_once_with_a_delivery_counted_and_is_due_a
     assert [(d["id"], d["reason"]) for d in c.dead_letters()] == [("soon", "delivered 3 times (max 2)")]
 
 
-def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_stops(redis_client: redis.Redis) -> None:
+def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_stops(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     """Work that runs longer than the reclaim threshold stays with its consumer while the consumer renews its
     lease (no delivery counted); once it stops renewing (dead, paused), another consumer reclaims the entry after
     the threshold, and the old owner's renewal then leaves it with the new one."""
@@ -304,5 +306,6 @@ def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_sto
     taken: list[Any] = []
     wait_for(lambda: taken.extend(b.reclaim(threshold_ms, 10)) or taken, "never reclaimed once a stopped", 10, 0.05)
     assert [(d.message.id, d.deliveries) for d in taken] == [("long", 2)]
+    assert f"b took over 1 entries from a, idle for {threshold_ms} ms or more" in caplog.text
     assert a.renew([work.entry_id]) == 0
     assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", "-", "+", 10)] == [b"b"]

@@ -57,25 +57,30 @@ MAX_BACKOFF_MS = 24 * 3600 * 1000
 # Claims for ARGV[2] up to ARGV[4] entries of the group ARGV[1] idle at least ARGV[3] ms, in entry order: the dead
 # consumers' (and this consumer's own that it no longer renews), and those parked under ARGV[5] once due (idle at
 # least ARGV[6] ms), never one parked there still backing off. One script, so that nothing is claimed by another
-# consumer, nor renewed by its owner, between the look and the claim. XCLAIM counts the delivery; an entry
-# deleted from the stream meanwhile comes back as nil (Redis 6.2) or not at all (7.0).
+# consumer, nor renewed by its owner, between the look and the claim. Returns the XCLAIM reply (which counts the
+# delivery; an entry deleted from the stream meanwhile comes back as nil on Redis 6.2, not at all on 7.0) and,
+# flat, each entry taken from a consumer other than ARGV[5] with that consumer.
 _RECLAIM = """
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local min_idle, count, parked, due = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-local ids, start = {}, '-'
+local ids, owners, start = {}, {}, '-'
 while #ids < count do
   local rows = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', 100)
   for _, row in ipairs(rows) do
     if row[2] ~= parked or row[3] >= due then
       ids[#ids + 1] = row[1]
+      if row[2] ~= parked then
+        owners[#owners + 1] = row[1]
+        owners[#owners + 1] = row[2]
+      end
       if #ids >= count then break end
     end
   end
   if #rows < 100 then break end
   start = '(' .. rows[#rows][1]
 end
-if #ids == 0 then return {} end
-return redis.call('XCLAIM', stream, group, me, min_idle, unpack(ids))
+if #ids == 0 then return {{}, {}} end
+return {redis.call('XCLAIM', stream, group, me, min_idle, unpack(ids)), owners}
 """
 
 # Renews the lease of ARGV[2] on the entries ARGV[3..] that are still pending under it (XCLAIM JUSTID: the idle
@@ -324,10 +329,17 @@ class StreamQueue(Generic[M]):
         works on) and entries handed back once they are due (``hand_back``: at once; ``retry``: after their
         backoff), whatever ``min_idle_ms``; in entry order, each delivery counted."""
         script = self.redis.register_script(_RECLAIM)
-        reply = script(keys=[self.stream], args=[self.group, self.consumer, min_idle_ms, count, HANDED_BACK,
-                                                 _HANDED_BACK_IDLE_MS])
+        claimed, owners = script(keys=[self.stream], args=[self.group, self.consumer, min_idle_ms, count,
+                                                           HANDED_BACK, _HANDED_BACK_IDLE_MS])
         # A script's reply is Redis's raw one: each entry an id and its fields as a flat list.
-        entries = [(e[0], dict(zip(e[1][::2], e[1][1::2], strict=True))) for e in reply or [] if e and e[1]]
+        entries = [(e[0], dict(zip(e[1][::2], e[1][1::2], strict=True))) for e in claimed or [] if e and e[1]]
+        taken_from: dict[str, int] = {}
+        for owner in owners[1::2]:
+            taken_from[_text(owner)] = taken_from.get(_text(owner), 0) + 1
+        if taken_from:
+            # Work whose owner stopped renewing its lease: dead, paused, or lost track of it.
+            log.warning("%s: %s took over %s, idle for %d ms or more", self.stream, self.consumer,
+                        ", ".join(f"{n} entries from {name}" for name, n in sorted(taken_from.items())), min_idle_ms)
         return self._claimed(entries)
 
     def renew(self, entry_ids: Sequence[str]) -> int:

@@ -176,8 +176,8 @@ class RolloutWorker:
                     self._held.pop(d.entry_id, None)
                 metrics.WORKER_PROMPTS.labels("requeued").inc(len(group))
                 metrics.WORKER_REQUEUES.labels(kind).inc(len(group))
-                log.info("%d prompts handed back after a failed delivery %d (%s: %s); due again in %.1f s",
-                         len(group), count, kind, reason, wait)
+                log.info("prompts %s handed back after their failed delivery %d (%s: %s); due again in %.1f s",
+                         ", ".join(d.message.id for d in group), count, kind, reason, wait)
         except Exception as exc:
             left = [d for d in deliveries if d.entry_id in self._held]
             log.warning("handing back %d failed prompts failed (%s: %s); again before the next prompt is taken",
