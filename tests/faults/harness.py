@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import re
@@ -201,7 +202,8 @@ class Chaos:
     def _reward(self, fault: Fault) -> None:
         """The reward service paused while the workers hold prompts, until a worker says a Score call failed and
         handed its prompts back (or REWARD_PAUSE_S passed), then SIGKILLed and restarted by the supervisor; done
-        once every prompt of the failed calls is trained again (acknowledged by a worker) or 300 s passed."""
+        once every prompt of the failed calls is trained again (acknowledged by a worker), or after the reclaim
+        time: what a prompt left pending would have waited before another worker took it."""
         reward = self.proc("reward")
         logs = sorted(self.s.log_dir.glob("policy*.log"))
         if not fault.detail:
@@ -233,14 +235,15 @@ class Chaos:
             return
         done = [task for task in fault.detail["failed"] if self.done(task)]
         waited = time.monotonic() - fault.detail["killed_at"]
-        if len(done) < len(fault.detail["failed"]) and waited < 300:
+        if len(done) < len(fault.detail["failed"]) and waited < self.reclaim_ms / 1000:
             return
         fault.detail.update(trained_again=len(done), trained_again_within_s=round(waited, 1),
                             reward_back=reward.alive())
         fault.detail.pop("killed_at")
         fault.done = True
         print(f"chaos: {len(done)} of {len(fault.detail['failed'])} prompts of the failed Score calls trained again "
-              f"within {waited:.0f} s of the reward's restart", flush=True)
+              f"within {waited:.0f} s of the reward's restart (the reclaim time: {self.reclaim_ms / 1000:.0f} s)",
+              flush=True)
 
     def prompt_state(self, task: str) -> str:
         """Where the prompt ``task`` is: parked (handed back), held by a worker on a later delivery, held on its
@@ -682,7 +685,8 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             reward.get("score_failed") is True and bool(reward.get("state_when_said"))
             and all(went_back(state, reward["failed_delivery"][task]) for task, state in
                     reward["state_when_said"].items())
-            and reward.get("trained_again") == len(reward.get("failed", [])) > 0,
+            and reward.get("trained_again") == len(reward.get("failed", [])) > 0
+            and reward.get("trained_again_within_s", math.inf) < chaos.reclaim_ms / 1000,
         "no prompt waited for the reclaim time but the paused worker's (only policy-1's were taken over)":
             bool(takeovers) and all(t["from"] == "policy-1" for t in takeovers),
         "the trainer rode out the Redis restart (same process, next update)":
