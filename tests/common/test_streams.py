@@ -15,8 +15,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragr1.services.common.redis_client import connect
 from ragr1.services.common.redis_server import RedisServer
-from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS, StreamQueue, connect
+from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.trainer.loop import check_rollout
 from ragr1.v1 import common_pb2
 from tests.common import fuzz
