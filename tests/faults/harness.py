@@ -100,8 +100,11 @@ RECLAIM_MS = next(f.default for f in dataclasses.fields(PolicyConfig) if f.name 
 TRAINER_KILLS = 5
 # The run's limit, besides twice the reclaim time (the paused worker's fault waits it out).
 TIMEOUT_S = 5400
-# How long the reward service stays paused at most, waiting for a Score call to fail (its deadline is 60 s).
-REWARD_PAUSE_S = 180
+# How long the reward service stays paused at most, waiting for a Score call to fail (its deadline is 60 s; a
+# group on a loaded machine can take minutes to reach its Score call).
+REWARD_PAUSE_S = 600
+# How long after the reward's SIGKILL the workers' scoring failures are still collected (a call in flight fails).
+COLLECT_S = 30
 # A worker's log line when it hands back prompts after a failed delivery (ragr1/services/policy/worker.py).
 RETRIED = re.compile(r"prompts (.+?) handed back after their failed delivery (\d+) \((\w+): ")
 # A consumer's log line when it took over entries whose owner stopped renewing its lease (common/streams.py).
@@ -201,38 +204,38 @@ class Chaos:
 
     def _reward(self, fault: Fault) -> None:
         """The reward service paused while the workers hold prompts, until a worker says a Score call failed and
-        handed its prompts back (or REWARD_PAUSE_S passed), then SIGKILLed and restarted by the supervisor; done
-        once every prompt of the failed calls is trained again (acknowledged by a worker), or after the reclaim
-        time: what a prompt left pending would have waited before another worker took it."""
+        handed its prompts back (or REWARD_PAUSE_S passed), then SIGKILLed and restarted by the supervisor (a call
+        in flight then fails too). Every scoring failure the workers log from the pause until COLLECT_S after the
+        kill is recorded with where its prompts were when it was logged; done once each of those prompts is
+        trained again (acknowledged by a worker), or after the reclaim time: what a prompt left pending would have
+        waited before another worker took it."""
         reward = self.proc("reward")
         logs = sorted(self.s.log_dir.glob("policy*.log"))
         if not fault.detail:
             if not reward.alive() or not (self.pending("policy") or self.pending("policy-1")):
                 return
             reward.signal(signal.SIGSTOP)
-            fault.detail.update(paused_at=time.monotonic(), offsets={str(p): p.stat().st_size for p in logs})
+            fault.detail.update(paused_at=time.monotonic(), offsets={str(p): p.stat().st_size for p in logs},
+                                failed_delivery={}, state_when_said={})
             print("chaos: reward SIGSTOPped while the workers hold prompts", flush=True)
             return
-        if "killed_at" not in fault.detail:
-            failed: dict[str, int] = {}  # prompt -> the delivery whose Score call failed
-            for log in logs:
-                text = log.read_text(errors="replace")[fault.detail["offsets"].get(str(log), 0):]
-                failed |= {task: int(m[2]) for m in RETRIED.finditer(text) if m[3] == "scoring"
-                           for task in m[1].split(", ")}
-            paused = time.monotonic() - fault.detail["paused_at"]
-            if not failed and paused < REWARD_PAUSE_S:
+        if "offsets" in fault.detail:
+            self._score_failures(fault, logs)
+            now = time.monotonic()
+            if "killed_at" not in fault.detail:
+                paused = now - fault.detail["paused_at"]
+                if not fault.detail["failed_delivery"] and paused < REWARD_PAUSE_S:
+                    return
+                reward.signal(signal.SIGKILL)
+                fault.detail.update(paused_s=round(paused, 1), killed_at=now)
+                print(f"chaos: reward SIGKILLed after {paused:.0f} s paused; Score calls failed so far for "
+                      f"{sorted(fault.detail['failed_delivery'])}", flush=True)
                 return
-            # Where the failed calls' prompts are the moment their failure is known: parked to be handed out
-            # again (or taken again already, their failed delivery counted), not held by the worker that failed.
-            where = {task: self.prompt_state(task) for task in failed}
-            reward.signal(signal.SIGKILL)
-            fault.detail.update(score_failed=bool(failed), failed=sorted(failed), failed_delivery=failed,
-                                paused_s=round(paused, 1), killed_at=time.monotonic(), failed_at=time.time(),
-                                state_when_said=where)
+            if now - fault.detail["killed_at"] < COLLECT_S:
+                return
             fault.detail.pop("offsets")
-            print(f"chaos: a Score call failed: {bool(failed)} (prompts {', '.join(failed)}: {where}); reward "
-                  "SIGKILLed", flush=True)
-            return
+            fault.detail.update(score_failed=bool(fault.detail["failed_delivery"]),
+                                failed=sorted(fault.detail["failed_delivery"]))
         done = [task for task in fault.detail["failed"] if self.done(task)]
         waited = time.monotonic() - fault.detail["killed_at"]
         if len(done) < len(fault.detail["failed"]) and waited < self.reclaim_ms / 1000:
@@ -241,9 +244,23 @@ class Chaos:
                             reward_back=reward.alive())
         fault.detail.pop("killed_at")
         fault.done = True
-        print(f"chaos: {len(done)} of {len(fault.detail['failed'])} prompts of the failed Score calls trained again "
-              f"within {waited:.0f} s of the reward's restart (the reclaim time: {self.reclaim_ms / 1000:.0f} s)",
-              flush=True)
+        print(f"chaos: {len(done)} of {len(fault.detail['failed'])} prompts of the failed Score calls "
+              f"({fault.detail['state_when_said']}) trained again within {waited:.0f} s of the reward's restart (the "
+              f"reclaim time: {self.reclaim_ms / 1000:.0f} s)", flush=True)
+
+    def _score_failures(self, fault: Fault, logs: list[Path]) -> None:
+        """Records each prompt a worker says it handed back after a failed Score call since the pause, with where it
+        is the moment that is read: parked to be handed out again (or taken again already, its failed delivery
+        counted), not held by the worker that failed."""
+        for log in logs:
+            text = log.read_text(errors="replace")[fault.detail["offsets"].get(str(log), 0):]
+            for m in RETRIED.finditer(text):
+                for task in m[1].split(", "):
+                    if m[3] == "scoring" and task not in fault.detail["failed_delivery"]:
+                        fault.detail["failed_delivery"][task] = int(m[2])
+                        fault.detail["state_when_said"][task] = self.prompt_state(task)
+                        print(f"chaos: a Score call failed; prompt {task} (delivery {m[2]}): "
+                              f"{fault.detail['state_when_said'][task]}", flush=True)
 
     def prompt_state(self, task: str) -> str:
         """Where the prompt ``task`` is: parked (handed back), held by a worker on a later delivery, held on its
