@@ -140,7 +140,9 @@ class Bench:
         policy = Policy(self.engine, self.tokenizer, Delayed(search, delay), self.loop_config,
                         model_dir=self.engine.model, default_sampling=self.sampling, limits=RolloutLimits(),
                         schedule=RolloutLoopSettings(rollout_loop=loop))
-        common: dict[str, Any] = dict(block_ms=50, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False)
+        # Nothing fails here: a failed prompt would be tried again at once.
+        common: dict[str, Any] = dict(block_ms=50, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
+                                      retry_backoff_seconds=0.0, retry_backoff_max_seconds=0.0)
         worker = (
             StreamingRolloutWorker(policy, scorer, prompts, rollouts, self.sampling, batch=1, max_in_flight=size,
                                    **common)

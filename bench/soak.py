@@ -31,8 +31,9 @@ from pathlib import Path
 import psutil
 
 from bench.retriever_throughput import QueryFeed, load_retriever, retriever
+from ragr1.services.common.redis_client import connect
 from ragr1.services.common.redis_server import RedisServer
-from ragr1.services.common.streams import ROLLOUTS, StreamQueue, connect
+from ragr1.services.common.streams import ROLLOUTS, StreamQueue
 from ragr1.services.retriever.build import build_index
 from ragr1.services.retriever.corpus import read_corpus, write_store
 from ragr1.services.retriever.encoder import DEFAULT_BACKEND, DEFAULT_ENCODER, preset

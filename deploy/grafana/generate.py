@@ -178,7 +178,7 @@ POLICY = Dashboard(
         ("Generation", [
             Panel("Tokens generated per second",
                   [(rate("ragr1_policy_generated_tokens_total"), "all replicas"),
-                   ("ragr1_policy_generation_tokens_per_second", "last batch {{instance}}")]),
+                   ("ragr1_policy_generation_tokens_per_second", "last minute {{instance}}")]),
             latency("Time to first token", "ragr1_policy_time_to_first_token_seconds"),
             Panel("Engine occupancy",
                   [("ragr1_policy_engine_requests / ragr1_policy_engine_max_num_seqs", "requests / max_num_seqs "
@@ -196,9 +196,11 @@ POLICY = Dashboard(
                   "the other trajectories of a lock-step turn)."),
             latency("Rollout batch latency", "ragr1_policy_rollout_seconds"),
             Panel("Share of rollout time waiting on retrieval",
-                  [("ragr1_policy_retrieval_wait_ratio", "last batch {{instance}}"),
+                  [("ragr1_policy_retrieval_wait_ratio", "last minute {{instance}}"),
                    (rate("ragr1_policy_retrieval_wait_seconds_total") + " / "
-                    + rate("ragr1_policy_rollout_seconds_sum"), "window")], unit="percentunit"),
+                    + rate("ragr1_policy_rollout_busy_seconds_total"), "window")], unit="percentunit",
+                  description="Of the time a replica had a rollout running, the share in which a retrieval call "
+                  "was outstanding; rollouts that overlap (the async loop's groups) count once."),
             Panel("Turns, retrieval rounds and queries per trajectory (mean)",
                   [(mean("ragr1_policy_turns_per_trajectory"), "turns"),
                    (mean("ragr1_policy_retrieval_rounds_per_trajectory"), "retrieval rounds"),

@@ -8,17 +8,20 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragr1.services.common.redis_client import connect
 from ragr1.services.common.redis_server import RedisServer
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue, connect
+from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.trainer.loop import check_rollout
 from ragr1.v1 import common_pb2
 from tests.common import fuzz
+from tests.common.waiting import wait_for
 from tests.trainer.rollouts import make_rollout
 
 HANDED = "test:handed"
@@ -254,3 +257,56 @@ def test_each_entry_names_its_producer_and_the_consumer_reads_the_message_alone(
     entries = redis_client.xrange(ROLLOUTS)
     assert [fields.get(b"producer") for _, fields in entries] == [b"policy-1", None]  # type: ignore[union-attr]
     assert [d.message for d in queue.consume(count=10)] == [rollout(0), rollout(1)]
+
+
+def test_an_entry_retried_goes_back_at_once_with_a_delivery_counted_and_is_due_after_its_backoff(
+    redis_client: redis.Redis,
+) -> None:
+    """A consumer whose work failed for a passing reason hands the entry back: no longer in progress, waiting,
+    taken by another consumer once its backoff has passed (whatever that consumer's reclaim threshold) with the
+    failed delivery counted, and not before; an entry that keeps failing is dead-lettered after max_deliveries."""
+    a = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="a")
+    a.ensure_group()
+    a.produce([common_pb2.PromptTask(id="soon", question="q"), common_pb2.PromptTask(id="later", question="q")])
+    soon, later = a.consume(2)
+    retried = time.monotonic()
+    assert a.retry([later.entry_id], backoff_ms=3_600_000) == 1 and a.retry([soon.entry_id], backoff_ms=1500) == 1
+    assert a.backlog().waiting == 2 and a.backlog().in_progress == 0
+    b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b", max_deliveries=2)
+    taken: list[Any] = []
+    wait_for(lambda: taken.extend(b.reclaim(600_000, 10)) or taken, "the retried entry was never due", 20, 0.05)
+    assert time.monotonic() - retried >= 1.5  # not before its backoff
+    assert [(d.message.id, d.deliveries) for d in taken] == [("soon", 2)]  # the failed delivery counted
+    assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", later.entry_id, later.entry_id, 1)
+            ] == [HANDED_BACK.encode()]  # still backing off
+    # It fails again on b, its second delivery of max_deliveries 2: the next one would be its third.
+    b.retry([taken[0].entry_id], backoff_ms=0)
+    c = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="c", max_deliveries=2)
+    assert c.reclaim(600_000, 10) == []
+    assert [(d["id"], d["reason"]) for d in c.dead_letters()] == [("soon", "delivered 3 times (max 2)")]
+
+
+def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_stops(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Work that runs longer than the reclaim threshold stays with its consumer while the consumer renews its
+    lease (no delivery counted); once it stops renewing (dead, paused), another consumer reclaims the entry after
+    the threshold, and the old owner's renewal then leaves it with the new one."""
+    threshold_ms = 300
+    a = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="a")
+    a.ensure_group()
+    a.produce([common_pb2.PromptTask(id="long", question="q")])
+    (work,) = a.consume(1)
+    b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b")
+    started, stolen = time.monotonic(), []
+    while time.monotonic() - started < 4 * threshold_ms / 1000:  # the work runs four thresholds long
+        assert a.renew([work.entry_id]) == 1
+        stolen += b.reclaim(threshold_ms, 10)
+        time.sleep(threshold_ms / 3000)
+    assert stolen == []
+    taken: list[Any] = []
+    wait_for(lambda: taken.extend(b.reclaim(threshold_ms, 10)) or taken, "never reclaimed once a stopped", 10, 0.05)
+    assert [(d.message.id, d.deliveries) for d in taken] == [("long", 2)]
+    assert f"b took over 1 entries from a, idle for {threshold_ms} ms or more" in caplog.text
+    assert a.renew([work.entry_id]) == 0
+    assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", "-", "+", 10)] == [b"b"]

@@ -4,6 +4,7 @@ of the trainer, comparing the alarm's metric the way the trainer does; shipped b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -155,19 +156,31 @@ def test_a_rule_that_stopped_firing_would_fail_its_promtool_test(tmp_path: Path)
     assert result.returncode != 0 and "Ragr1EntropyLow" in result.stdout + result.stderr
 
 
-def test_prompts_with_no_replica_reporting_for_five_minutes_fire_the_stranded_alert(tmp_path: Path) -> None:
-    """Prompts in progress under replicas that are gone (an autoscaler that scaled a busy fleet to zero), none
-    reporting: the alert fires after five minutes; a replica that reports, or no prompt left, clears it."""
+def test_the_stranded_alert_fires_when_the_trainer_says_prompts_are_stranded_past_its_threshold(
+    tmp_path: Path,
+) -> None:
+    """The trainer counts how long prompts have had no replica taking them (``StrandedAlarm``: none serving or
+    loading; tests/trainer/test_publisher.py) and exports its threshold: a fleet scaled up from zero whose pods
+    take nineteen minutes to load stays silent, a fleet stranded past the threshold (every replica refused, say)
+    fires, and a trainer with the alarm off exports no threshold and never fires."""
     stranded = "Ragr1PromptsStranded"
-    fired = [_expected(stranded, 3, group="ragr1-fleet")]
+    threshold = next(f.default for f in dataclasses.fields(PPOConfig) if f.name == "prompts_stranded_seconds")
+    assert isinstance(threshold, float) and threshold % 60 == 0
+    minutes = int(threshold // 60)
+    limit = _series("ragr1_trainer_alarm_threshold", f"{threshold}x{minutes + 5}", 'alarm="prompts_stranded"')
+    fired = [_expected(stranded, threshold + 60, group="ragr1-fleet")]
     cases = [
-        ([_series("ragr1_trainer_prompts_backlog", "0x12", 'state="waiting"'),
-          _series("ragr1_trainer_prompts_backlog", "3x12", 'state="in_progress"')],
-         [(4, stranded, []), (6, stranded, fired), (12, stranded, fired)]),
-        ([_series("ragr1_trainer_prompts_backlog", "3x12", 'state="in_progress"'),
-          _series("ragr1_trainer_fleet_replicas", "1x12", 'version="2", state="serving"')],
-         [(6, stranded, []), (12, stranded, [])]),
-        ([_series("ragr1_trainer_prompts_backlog", "0x12", 'state="waiting"')], [(12, stranded, [])]),
+        # Scaled up from zero: a replica loads the weights a minute before the threshold; the count goes back to 0.
+        ([limit, _series("ragr1_trainer_prompts_stranded_seconds", f"0+60x{minutes - 1} 0x6")],
+         [(m, stranded, []) for m in (minutes - 2, minutes - 1, minutes, minutes + 3)]),
+        # Stranded past the threshold: fires from the threshold on, stops once a replica takes prompts.
+        ([limit, _series("ragr1_trainer_prompts_stranded_seconds", f"0+60x{minutes + 1} 0x3")],
+         [(minutes - 1, stranded, []),
+          (minutes, stranded, [_expected(stranded, threshold, group="ragr1-fleet")]),
+          (minutes + 1, stranded, fired), (minutes + 2, stranded, [])]),
+        # The alarm off: no threshold exported, nothing fires.
+        ([_series("ragr1_trainer_prompts_stranded_seconds", f"0+60x{minutes + 5}")],
+         [(minutes + 5, stranded, [])]),
     ]
     tests = [{"interval": "1m", "input_series": series,
               "alert_rule_test": [{"eval_time": f"{m}m", "alertname": a, "exp_alerts": e} for m, a, e in checks]}

@@ -72,12 +72,12 @@ def test_keda_sizes_the_policy_deployment_by_the_trainers_backlog_series(chart: 
     assert scaler["spec"]["scaleTargetRef"] == {
         "apiVersion": policy["apiVersion"], "kind": "Deployment", "name": policy["metadata"]["name"]}
     assert (scaler["spec"]["minReplicaCount"], scaler["spec"]["maxReplicaCount"]) == (2, 6)
-    # Without the trainer's series KEDA holds a replica count instead of reading "no work" as zero.
-    assert scaler["spec"]["fallback"] == {"failureThreshold": 3, "replicas": 2}
+    # Without the trainer's series KEDA keeps the fleet as it is instead of reading "no work" as zero.
+    assert scaler["spec"]["fallback"] == {"failureThreshold": 3, "replicas": 2, "behavior": "currentReplicasIfHigher"}
     t = triggers(objects)
     assert set(t) == {"prompts", "holders"}
     trainer = objects[("Service", "ragr1-trainer")]
-    assert trainer["metadata"]["labels"]["ragr1.io/metrics"] == "true"  # scraped, so the series exist
+    assert scraped(objects, trainer)  # the series exist: enabling autoscaling alone renders the ServiceMonitor
     for name, metric in (("prompts", metrics.PROMPTS_BACKLOG), ("holders", metrics.PROMPT_HOLDERS)):
         meta = t[name]
         assert meta["serverAddress"] == PROMETHEUS and meta["ignoreNullValues"] == "false"
@@ -88,6 +88,63 @@ def test_keda_sizes_the_policy_deployment_by_the_trainers_backlog_series(chart: 
         assert f'namespace="{NAMESPACE}"' in meta["query"]
         assert f'service="{trainer["metadata"]["name"]}"' in meta["query"]
     assert t["prompts"]["threshold"] == "24" and t["holders"]["threshold"] == "1"
+
+
+def scraped(objects: Render, service: dict[str, Any]) -> bool:
+    """Whether the release's ServiceMonitor selects ``service`` and scrapes a port it has."""
+    monitors = [obj for (kind, _), obj in objects.items() if kind == "ServiceMonitor"]
+    return any(m["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+               and {e["port"] for e in m["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+               for m in monitors)
+
+
+def test_enabling_autoscaling_is_enough_for_the_trainers_series_to_exist_in_either_form(
+    chart: helm_python.Chart,
+) -> None:
+    """The deployment page's command alone (autoscaling on and the Prometheus address; metrics.serviceMonitor
+    left off): the ServiceMonitor and the alert rules render, and scrape the trainer whether it runs as a
+    Deployment or as a RayJob, whose head runs `ragr1 train ppo` (its Ray workers serve no trainer metrics)."""
+    off = render(chart)
+    assert kinds(off, "ServiceMonitor", "PrometheusRule") == []  # nothing asked for, nothing rendered
+    for values in (ON, {**ON, "trainer": {"ray": {"enabled": True}}}):
+        objects = render(chart, values)
+        assert kinds(objects, "PrometheusRule") == [("PrometheusRule", "ragr1")]  # Ragr1PromptsStranded with it
+        trainer = objects[("Service", "ragr1-trainer")]
+        assert scraped(objects, trainer)
+        query = triggers(objects)["prompts"]["query"]
+        assert f'service="{trainer["metadata"]["name"]}"' in query
+        if ("RayJob", "ragr1-trainer") in objects:
+            cluster = objects[("RayJob", "ragr1-trainer")]["spec"]["rayClusterSpec"]
+            head = cluster["headGroupSpec"]["template"]
+            (workers,) = cluster["workerGroupSpecs"]
+            selector = trainer["spec"]["selector"].items()
+            assert selector <= head["metadata"]["labels"].items()
+            assert not selector <= workers["template"]["metadata"]["labels"].items()
+            names = {p["name"] for p in head["spec"]["containers"][0]["ports"]}
+        else:
+            pod = objects[("Deployment", "ragr1-trainer")]["spec"]["template"]
+            assert trainer["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+            names = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+        assert {p["targetPort"] for p in trainer["spec"]["ports"]} <= names
+
+
+def replicas_while_the_trainer_is_away(objects: Render, current: int) -> int:
+    """What KEDA holds a fleet of ``current`` replicas at once its triggers have failed ``failureThreshold`` times
+    in a row (no trainer series), by the fallback's ``behavior`` as KEDA documents it."""
+    fallback = scaled_object(objects)["spec"]["fallback"]
+    replicas, behavior = fallback["replicas"], fallback.get("behavior", "static")
+    return {"static": replicas, "currentReplicas": current, "currentReplicasIfHigher": max(current, replicas),
+            "currentReplicasIfLower": min(current, replicas)}[behavior]
+
+
+def test_a_busy_fleet_keeps_its_size_while_the_trainer_is_away(chart: helm_python.Chart) -> None:
+    """A trainer restart longer than the fallback's threshold: a fleet of 8 stays 8 (it used to drop to the
+    fallback's count: seven hand-backs, then seven cold engine loads), and a fleet below the minimum gets it."""
+    objects = render(chart, ON)
+    assert all(t.get("metricType", "AverageValue") == "AverageValue"  # KEDA's fallback needs average values
+               for t in scaled_object(objects)["spec"]["triggers"])
+    assert replicas_while_the_trainer_is_away(objects, 8) == 8
+    assert replicas_while_the_trainer_is_away(objects, 1) == 2
 
 
 def desired(objects: Render, values: dict[str, float]) -> int:

@@ -1,7 +1,11 @@
 """`make test-faults`: a real PPO run on the local stack while its processes are killed, paused and restarted;
 then every prompt is accounted for from Redis and the trainer's checkpoint, not from the code's counters.
 
-    .venv/bin/python -m tests.faults.harness [--updates 10] [--seed 0] [--run-dir DIR]
+    .venv/bin/python -m tests.faults.harness [--updates 16] [--seed 0] [--run-dir DIR] [--reclaim-ms MS]
+
+The rollout workers run with the default ``reclaim_idle_ms`` (10 minutes), as deployed, so that no fault is
+hidden by a short reclaim time: only the worker paused past it may lose its prompts to a reclaim, and the run
+takes that much longer (about 40 minutes on 2 idle cores). ``--reclaim-ms`` shortens it for a quick look.
 
 The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
 shards, the reward service, one policy replica with a rollout worker, the PPO trainer with GRPO and LoRA on
@@ -21,6 +25,9 @@ from ``--seed`` or chosen by the run's state:
   run) must not be trained twice;
 - the other rollout worker SIGKILLed while it holds prompts (it comes back and must load the announced
   version before it takes a prompt);
+- the reward service paused (SIGSTOP) while the workers hold prompts until a Score call fails (its deadline
+  passes), then SIGKILLed (the supervisor restarts it): the prompts of the failed call go back at once (parked to
+  be handed out again after a backoff, or taken again) and are trained soon after, not after the reclaim time;
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
 - Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart);
 - a replica SIGKILLed half-way through loading a version: it comes back and loads the current one;
@@ -38,8 +45,9 @@ twice; trained rollouts come in whole groups; every admitted prompt is trained, 
 reason, still in the queue at the end, dropped by the trainer's staleness bound or removed untaken at the
 end (counted from the trainer's log) -- none is missing; services restarted exactly as often as they were
 killed; every life of every replica took its first prompt serving the version announced then, with its
-digest (the trainer's starting weights included); the remaining replica serves the last version; no vLLM
-process outlives the stack. Writes ``faults.json``
+digest (the trainer's starting weights included); the remaining replica serves the last version; no prompt was
+taken over after the reclaim time but the paused worker's (every other fault's prompts went back at once); no
+vLLM process outlives the stack. Writes ``faults.json``
 in the run folder and exits 1 when a check fails.
 """
 
@@ -49,6 +57,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import re
@@ -69,6 +78,7 @@ from ragr1.services.common import fleet
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
+from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.shipped import ROOT
@@ -85,9 +95,20 @@ WORKER_GROUP = "rollout-workers"
 # The replicas' grace period: short, so that a replica scaled away mid-rollout hands back what it holds.
 GRACE_S = 3
 TRAINER_GROUP = "trainer"
-RECLAIM_MS = 15_000
+# The rollout workers' reclaim time unless --reclaim-ms says otherwise: the one they are deployed with.
+RECLAIM_MS = next(f.default for f in dataclasses.fields(PolicyConfig) if f.name == "reclaim_idle_ms")
 TRAINER_KILLS = 5
-TIMEOUT_S = 3600
+# The run's limit, besides twice the reclaim time (the paused worker's fault waits it out).
+TIMEOUT_S = 5400
+# How long the reward service stays paused at most, waiting for a Score call to fail (its deadline is 60 s; a
+# group on a loaded machine can take minutes to reach its Score call).
+REWARD_PAUSE_S = 600
+# How long after the reward's SIGKILL the workers' scoring failures are still collected (a call in flight fails).
+COLLECT_S = 30
+# A worker's log line when it hands back prompts after a failed delivery (ragr1/services/policy/worker.py).
+RETRIED = re.compile(r"prompts (.+?) handed back after their failed delivery (\d+) \((\w+): ")
+# A consumer's log line when it took over entries whose owner stopped renewing its lease (common/streams.py).
+TOOK_OVER = re.compile(r"prompts: (\S+) took over (.+?), idle for (\d+) ms or more")
 # Questions the policy refuses (over its max_question_chars of 4096): their prompts are dead-lettered.
 UNSERVABLE = "Which of these is the answer? " + "and which of them? " * 260
 
@@ -103,10 +124,11 @@ class Fault:
 class Chaos:
     """Injects the faults one by one as the run reaches them; ``step`` is called twice a second."""
 
-    def __init__(self, supervisor: Supervisor, updates: int, seed: int) -> None:
+    def __init__(self, supervisor: Supervisor, updates: int, seed: int, reclaim_ms: int) -> None:
         self.s = supervisor
         self.rng = random.Random(seed)
         self.updates = updates
+        self.reclaim_ms = reclaim_ms
         # The i-th trainer kill comes after update (i-1)//2, a random 5-60 s after the trainer (re)started;
         # the other faults come after them, one at a time (each waits for the one before).
         self.trainer_kills: list[dict[str, Any]] = []
@@ -114,6 +136,7 @@ class Chaos:
         self.started_at = time.monotonic()
         self.faults = [
             Fault("replica joined", at_version=1),
+            Fault("reward restarted", at_version=2),
             Fault("shard killed", at_version=3),
             Fault("worker paused past the reclaim time", at_version=4),
             Fault("worker killed", at_version=5),
@@ -178,6 +201,93 @@ class Chaos:
         settled = trainer.alive() and time.monotonic() - self.started_at > 30
         if fault is not None and version >= fault.at_version and (busy or settled):
             getattr(self, "_" + fault.name.split()[0])(fault)
+
+    def _reward(self, fault: Fault) -> None:
+        """The reward service paused while the workers hold prompts, until a worker says a Score call failed and
+        handed its prompts back (or REWARD_PAUSE_S passed), then SIGKILLed and restarted by the supervisor (a call
+        in flight then fails too). Every scoring failure the workers log from the pause until COLLECT_S after the
+        kill is recorded with where its prompts were when it was logged; done once each of those prompts is
+        trained again (acknowledged by a worker), or after the reclaim time: what a prompt left pending would have
+        waited before another worker took it."""
+        reward = self.proc("reward")
+        logs = sorted(self.s.log_dir.glob("policy*.log"))
+        if not fault.detail:
+            if not reward.alive() or not (self.pending("policy") or self.pending("policy-1")):
+                return
+            reward.signal(signal.SIGSTOP)
+            fault.detail.update(paused_at=time.monotonic(), offsets={str(p): p.stat().st_size for p in logs},
+                                failed_delivery={}, state_when_said={})
+            print("chaos: reward SIGSTOPped while the workers hold prompts", flush=True)
+            return
+        if "offsets" in fault.detail:
+            self._score_failures(fault, logs)
+            now = time.monotonic()
+            if "killed_at" not in fault.detail:
+                paused = now - fault.detail["paused_at"]
+                if not fault.detail["failed_delivery"] and paused < REWARD_PAUSE_S:
+                    return
+                reward.signal(signal.SIGKILL)
+                fault.detail.update(paused_s=round(paused, 1), killed_at=now)
+                print(f"chaos: reward SIGKILLed after {paused:.0f} s paused; Score calls failed so far for "
+                      f"{sorted(fault.detail['failed_delivery'])}", flush=True)
+                return
+            if now - fault.detail["killed_at"] < COLLECT_S:
+                return
+            fault.detail.pop("offsets")
+            fault.detail.update(score_failed=bool(fault.detail["failed_delivery"]),
+                                failed=sorted(fault.detail["failed_delivery"]))
+        done = [task for task in fault.detail["failed"] if self.done(task)]
+        waited = time.monotonic() - fault.detail["killed_at"]
+        if len(done) < len(fault.detail["failed"]) and waited < self.reclaim_ms / 1000:
+            return
+        fault.detail.update(trained_again=len(done), trained_again_within_s=round(waited, 1),
+                            reward_back=reward.alive())
+        fault.detail.pop("killed_at")
+        fault.done = True
+        print(f"chaos: {len(done)} of {len(fault.detail['failed'])} prompts of the failed Score calls "
+              f"({fault.detail['state_when_said']}) trained again within {waited:.0f} s of the reward's restart (the "
+              f"reclaim time: {self.reclaim_ms / 1000:.0f} s)", flush=True)
+
+    def _score_failures(self, fault: Fault, logs: list[Path]) -> None:
+        """Records each prompt a worker says it handed back after a failed Score call since the pause, with where it
+        is the moment that is read: parked to be handed out again (or taken again already, its failed delivery
+        counted), not held by the worker that failed."""
+        for log in logs:
+            text = log.read_text(errors="replace")[fault.detail["offsets"].get(str(log), 0):]
+            for m in RETRIED.finditer(text):
+                for task in m[1].split(", "):
+                    if m[3] == "scoring" and task not in fault.detail["failed_delivery"]:
+                        fault.detail["failed_delivery"][task] = int(m[2])
+                        fault.detail["state_when_said"][task] = self.prompt_state(task)
+                        print(f"chaos: a Score call failed; prompt {task} (delivery {m[2]}): "
+                              f"{fault.detail['state_when_said'][task]}", flush=True)
+
+    def prompt_state(self, task: str) -> str:
+        """Where the prompt ``task`` is: parked (handed back), held by a worker on a later delivery, held on its
+        first (never handed back), acknowledged, or unknown."""
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            entry = next((e for e, f in client.xrange(PROMPTS) if f.get(b"id") == task.encode()), None)
+            if entry is None:
+                return "unknown"
+            rows = client.xpending_range(PROMPTS, WORKER_GROUP, entry, entry, 1)
+        finally:
+            client.close()
+        if not rows:
+            return "acknowledged"
+        owner, times = rows[0]["consumer"].decode(), int(rows[0]["times_delivered"])
+        if owner == HANDED_BACK:
+            return "handed back"
+        return f"held by {owner} on delivery {times}"
+
+    def done(self, task: str) -> bool:
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            return bool(client.exists(f"ragr1:done:{PROMPTS}:{WORKER_GROUP}:{task}"))
+        finally:
+            client.close()
 
     def _shard(self, fault: Fault) -> None:
         shard = self.proc("retriever-shard-1")
@@ -255,7 +365,7 @@ class Chaos:
         what it handed back is taken over by the other (acknowledged, or pending under it)."""
         if not fault.detail:
             worker = self.proc("policy-1")
-            # Prompts it took a moment ago: the other replica reclaims those idle for RECLAIM_MS, which a batch
+            # Prompts it took a moment ago: the other replica reclaims those idle for the reclaim time, which a batch
             # on this machine can outlast, and the scale-down must find them still its own.
             held = self.pending("policy-1", fresh_ms=2000)
             if not held or not worker.alive() or worker.process is None:
@@ -289,7 +399,7 @@ class Chaos:
             fault.detail["handed_back_said"] = int(said[1]) if said else None
         waiting = set(self.pending(HANDED_BACK)) | set(self.pending("policy-1"))
         left = [e for e in fault.detail["held"] if e in waiting]
-        if left and time.monotonic() - fault.detail["stopped_at"] < RECLAIM_MS / 1000 + 120:
+        if left and time.monotonic() - fault.detail["stopped_at"] < self.reclaim_ms / 1000 + 120:
             return
         fault.detail.update(left_after_reclaim=len(left),
                             taken_over_s=round(time.monotonic() - fault.detail.pop("stopped_at"), 1))
@@ -322,7 +432,7 @@ class Chaos:
             fault.detail["held"] = held
             print(f"chaos: policy-1 SIGSTOPped holding {len(held)} prompts", flush=True)
             return
-        if time.monotonic() - self._paused_at < RECLAIM_MS / 1000 + 15:
+        if time.monotonic() - self._paused_at < self.reclaim_ms / 1000 + 15:
             return
         # A stopped worker acknowledges nothing: what it no longer holds, the other one took over.
         still = set(self.pending("policy-1"))
@@ -441,7 +551,7 @@ def starting_weights(model: Path, directory: Path) -> Path:
     return target
 
 
-def build(config: StackConfig, directory: Path, updates: int) -> tuple[Supervisor, Scaler, int]:
+def build(config: StackConfig, directory: Path, updates: int, reclaim_ms: int) -> tuple[Supervisor, Scaler, int]:
     ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
     start = starting_weights(model, directory)
@@ -449,7 +559,7 @@ def build(config: StackConfig, directory: Path, updates: int) -> tuple[Superviso
     index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
-    worker = {"reclaim_idle_ms": RECLAIM_MS, "worker_batch": 2, "max_in_flight": 2, "grace_seconds": GRACE_S}
+    worker = {"reclaim_idle_ms": reclaim_ms, "worker_batch": 2, "max_in_flight": 2, "grace_seconds": GRACE_S}
 
     def replica(i: int) -> ServiceSpec:
         return wiring.policy_spec(config, ports, model, worker, name=replica_name(i), port=ports.replica(i))
@@ -542,9 +652,10 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
     restarts = {name: info["restarts"] for name, info in supervisor.endpoints()["services"].items()}
     restarts["redis"] = supervisor.endpoints()["redis_restarts"]
     expected_restarts = {name: 0 for name in restarts} | {
-        "trainer": len(chaos.trainer_kills), "policy": 1, "retriever-shard-1": 1, "redis": 1}
+        "trainer": len(chaos.trainer_kills), "policy": 1, "retriever-shard-1": 1, "redis": 1, "reward": 1}
     fault = {f.name: f.detail for f in chaos.faults}
-    joined, away = fault["replica joined"], fault["replica scaled away"]
+    joined, away, reward = fault["replica joined"], fault["replica scaled away"], fault["reward restarted"]
+    takeovers = took_over(supervisor)
     trained_by = Counter(producer_of.get(r, "?") for r in trained)
     checks = {
         f"the run reached version {updates}": int(latest[1]["version"]) == updates,
@@ -586,6 +697,15 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "policy-1 scaled away paused mid-rollout handed its unfinished prompts back (its log says how many)":
             (away.get("engine_paused") or 0) > 0 and (away.get("handed_back_said") or 0) > 0,
         "policy-1 restarted exactly once (its load killed) before it was scaled away": away.get("restarts") == 1,
+        "a Score call failed while the reward service was down, and its prompts went back at once (handed back "
+        "or taken again, a delivery counted) and were trained again after its restart":
+            reward.get("score_failed") is True and bool(reward.get("state_when_said"))
+            and all(went_back(state, reward["failed_delivery"][task]) for task, state in
+                    reward["state_when_said"].items())
+            and reward.get("trained_again") == len(reward.get("failed", [])) > 0
+            and reward.get("trained_again_within_s", math.inf) < chaos.reclaim_ms / 1000,
+        "no prompt waited for the reclaim time but the paused worker's (only policy-1's were taken over)":
+            bool(takeovers) and all(t["from"] == "policy-1" for t in takeovers),
         "the trainer rode out the Redis restart (same process, next update)":
             fault["redis killed"].get("same_trainer") is True,
         "a replica killed half-way through a weight load loaded the current version, same trainer":
@@ -602,6 +722,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "rollout_ids_produced_twice": sum(1 for c in produced.values() if c > 1),
         "first_prompts": firsts,
         "rollouts_trained": len(trained),
+        "taken_over_after_the_reclaim_time": takeovers,
         "rollouts_trained_by_replica": dict(trained_by),
         "rollout_versions_by_replica": {name: dict(Counter(v)) for name, v in versions.items()},
         "replica_versions": served,
@@ -613,6 +734,25 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
 
 
 FIRST = re.compile(r"first prompts taken at ([0-9.]+) serving v(\d+) \(sha256 ([0-9a-f]+)\)")
+
+
+def went_back(state: str, failed_delivery: int) -> bool:
+    """Whether a prompt in ``state`` (``Chaos.prompt_state``) left the worker whose delivery failed: parked to be
+    handed out again, taken again on a later delivery, or trained already; not held on the delivery that failed."""
+    held = re.fullmatch(r"held by \S+ on delivery (\d+)", state)
+    return state in ("handed back", "acknowledged") or (held is not None and int(held[1]) > failed_delivery)
+
+
+def took_over(supervisor: Supervisor) -> list[dict[str, Any]]:
+    """Every take-over of prompts whose owner had stopped renewing its lease, from the replicas' logs: who took
+    how many from whom."""
+    out = []
+    for log in sorted(supervisor.log_dir.glob("policy*.log")):
+        for match in TOOK_OVER.finditer(log.read_text(errors="replace")):
+            for part in match[2].split(", "):
+                count, _, owner = part.partition(" entries from ")
+                out.append({"by": match[1], "from": owner, "entries": int(count), "idle_ms": int(match[3])})
+    return out
 
 
 def first_prompts(supervisor: Supervisor, announcements: list[fleet.Announcement]) -> list[dict[str, Any]]:
@@ -723,19 +863,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", default="")
     parser.add_argument("--base-port", type=int, default=24000)
+    parser.add_argument("--reclaim-ms", type=int, default=RECLAIM_MS,
+                        help="the rollout workers' reclaim_idle_ms (default: theirs, as deployed)")
     args = parser.parse_args(argv)
+    timeout = TIMEOUT_S + 2 * args.reclaim_ms / 1000
     config = StackConfig(run_dir=args.run_dir or str(ROOT / "runs" / f"faults-{time.strftime('%Y%m%d-%H%M%S')}"),
                          base_port=args.base_port, max_turns=2, max_tokens_per_turn=64, tokens_per_query=64,
                          max_model_len=2048, kv_cache_gib=1, reward="f1")
     directory = run_dir(config)
-    supervisor, scaler, templates = build(config, directory, args.updates)
+    supervisor, scaler, templates = build(config, directory, args.updates, args.reclaim_ms)
     started, before = time.monotonic(), engine_processes()
     print(f"starting the stack; logs in {supervisor.log_dir}", flush=True)
-    restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=TIMEOUT_S, first_backoff=1.0,
+    restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=timeout, first_backoff=1.0,
                              max_backoff=5.0)
     with supervisor.start():
         refused = refusals(supervisor)
-        chaos = Chaos(supervisor, args.updates, args.seed)
+        chaos = Chaos(supervisor, args.updates, args.seed, args.reclaim_ms)
         trainer = supervisor.processes["trainer"]
         while True:
             if trainer.process is not None and trainer.process.poll() == 0:
@@ -746,12 +889,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             scaler.tick()
             chaos.step()
-            if time.monotonic() - started > TIMEOUT_S:
-                print(f"the run did not finish in {TIMEOUT_S} s; logs in {supervisor.log_dir}", flush=True)
+            if time.monotonic() - started > timeout:
+                print(f"the run did not finish in {timeout:.0f} s; logs in {supervisor.log_dir}", flush=True)
                 return 1
             time.sleep(0.5)
         seconds = time.monotonic() - started
-        report = audit(supervisor, args.updates, templates, chaos) | {"seconds": round(seconds, 1)}
+        report = audit(supervisor, args.updates, templates, chaos) | {"seconds": round(seconds, 1),
+                                                                      "reclaim_idle_ms": args.reclaim_ms}
         report["auth"] = refused
         report["checks"]["every service refuses a call without the token, Redis one without its password"] = (
             all(codes.get("without token") == "UNAUTHENTICATED" and codes.get("with token") != "UNAUTHENTICATED"

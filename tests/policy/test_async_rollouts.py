@@ -27,6 +27,7 @@ from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
 from tests.common.engine import Engine, SharedEngine
 from tests.policy.test_integration import hotpot_tasks, perturbed_checkpoint
+from tests.policy.test_worker import BACKOFF
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +114,7 @@ def test_a_group_is_acknowledged_once_with_all_its_rollouts(
         search, scorer = search_of(retriever_server), RewardServiceScorer(reward_server.target)
         worker = StreamingRolloutWorker(
             policy(engine, tokenizer, search, ASYNC), scorer, prompts, rollouts, SEEDED, batch=1, block_ms=100,
-            reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False, max_in_flight=3,
+            reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False, max_in_flight=3, **BACKOFF,
         )
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))

@@ -23,6 +23,8 @@ from ragr1.services.common.hashing import checkpoint_files, checkpoint_sha256
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy, RolloutLimits
+from ragr1.services.policy.servicer import PolicyServicer
+from ragr1.v1 import policy_pb2
 from tests.policy.scripted import ScriptedSearch
 
 CONFIG = {"architectures": ["TinyForCausalLM"], "model_type": "tiny", "hidden_size": 4, "vocab_size": 8}
@@ -334,6 +336,76 @@ def test_a_load_that_fails_in_the_engine_keeps_the_replica_out_until_a_load_succ
         assert replica.engine.loaded == [v1] and not replica.policy.gate.failed and replica.health == [False, True]
         async with replica.policy.gate.rollout() as version:
             assert version == 1
+        await replica.close()
+
+    run(scenario)
+
+
+def test_a_replica_loading_a_new_version_starts_no_trajectory_on_the_superseded_one(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """v1 served; v2 announced while its checkpoint is not on the storage yet: for as long as it is waited for
+    (and then its digest read and the load), the replica takes no prompt and a trajectory that would start waits,
+    then starts on v2, not on the v1 that v2 supersedes."""
+    model = checkpoint(tmp_path / "model", 0.0)
+    announce(redis_client, 1, checkpoint(tmp_path / "v1", 1.0))
+    staged = checkpoint(tmp_path / "staging", 2.0)
+    late = tmp_path / "v2"
+
+    async def scenario() -> None:
+        replica = Replica(redis_client, "policy-0", model, checkpoint_wait_seconds=30.0)
+        replica.start()
+        await until(lambda: replica.version == 1 and replica.follower.accepting.is_set(), "v1 never served")
+        announce(redis_client, 2, late, checkpoint_sha256(staged), checkpoint_files(staged))
+        await until(lambda: replica.follower.state == fleet.LOADING, "v2 was never waited for")
+        assert not replica.follower.accepting.is_set()  # no prompt taken meanwhile
+
+        async def trajectory() -> int:
+            async with replica.policy.gate.rollout() as version:
+                return version
+
+        started = asyncio.ensure_future(trajectory())
+        await asyncio.sleep(0.5)
+        assert not started.done() and replica.follower.state == fleet.LOADING  # waited while v2 was waited for
+        late.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (late / name).write_bytes((staged / name).read_bytes())
+        assert await asyncio.wait_for(started, 20) == 2  # it started on v2
+        await until(replica.follower.accepting.is_set, "never took prompts again after loading v2")
+        await replica.close()
+
+    run(scenario)
+
+
+def test_an_update_weights_call_that_fails_in_the_engine_turns_the_replica_refused_until_a_load_succeeds(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """v1 served and announced; an UpdateWeights call (an operator, ``ragr1 eval --checkpoint``) loads another
+    checkpoint and the engine fails half-way: the weights are unknown, so the follower reports it refused, turns
+    NOT_SERVING and takes no prompt, as after a failed load of its own; it loads the announced v1 again after
+    retry_seconds and serves."""
+    model = checkpoint(tmp_path / "model", 0.0)
+    v1 = checkpoint(tmp_path / "v1", 1.0)
+    announce(redis_client, 1, v1)
+    other = checkpoint(tmp_path / "other", 7.0)
+
+    async def scenario() -> None:
+        engine = LoadingEngine()
+        replica = Replica(redis_client, "policy-0", model, engine, retry_seconds=0.5)
+        replica.start()
+        await until(lambda: replica.follower.accepting.is_set() and replica.version == 1, "v1 never served")
+        engine.failures = 1
+        servicer = PolicyServicer(replica.policy, None)
+        try:
+            await servicer.UpdateWeights(policy_pb2.UpdateWeightsRequest(version=2, checkpoint_path=str(other)), None)
+            raise AssertionError("the load was meant to fail")
+        except RuntimeError as exc:
+            assert "half-way" in str(exc)  # the fault: the engine failed the call's load
+        await until(lambda: replica.follower.state == fleet.REFUSED, "the failed call was never reflected")
+        assert not replica.follower.accepting.is_set() and replica.health == [True, False]
+        assert "failed in the engine" in replica.follower.reason
+        await until(lambda: reported(redis_client)["policy-0"][1] == fleet.REFUSED, "never reported refused")
+        await until(lambda: replica.follower.state == fleet.SERVING and replica.follower.accepting.is_set(),
+                    "the announced version was never loaded again")
+        assert replica.engine.loaded == [v1, v1] and replica.version == 1 and replica.health == [True, False, True]
         await replica.close()
 
     run(scenario)

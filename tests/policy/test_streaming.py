@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
@@ -21,8 +22,9 @@ from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutL
 from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
+from tests.common.waiting import wait_for
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
-from tests.policy.test_worker import PausedEngine, queues
+from tests.policy.test_worker import BACKOFF, PausedEngine, queues
 
 SCRIPT = {
     "Slow one?": ["<search> slow </search>", "<answer> slowly </answer>"],
@@ -65,7 +67,7 @@ def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: Str
                      ) -> StreamingRolloutWorker:
     return StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
                                   batch=8, block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                                  grace_seconds=grace_seconds, max_in_flight=max_in_flight)
+                                  grace_seconds=grace_seconds, max_in_flight=max_in_flight, **BACKOFF)
 
 
 def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], count: int) -> list[str]:
@@ -144,12 +146,18 @@ def test_a_weight_update_among_running_groups_tags_each_rollout_with_the_weights
         await worker.scorer.close()  # type: ignore[attr-defined]
         return produced
 
+    aborted = REGISTRY.get_sample_value("ragr1_policy_worker_requeues_total", {"reason": "aborted"}) or 0
     produced = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert loads == [0]  # the weights changed with no trajectory running
     assert {m.task_id: m.policy_version for m in produced} == expected
     assert len(produced) == len(expected)
-    if in_flight is InFlight.ABORT:  # aborted: not acknowledged, handed out again later
+    if in_flight is InFlight.ABORT:  # aborted: not acknowledged, handed back at once with the delivery counted
         assert not prompts.is_done("slow")
+        assert (REGISTRY.get_sample_value("ragr1_policy_worker_requeues_total", {"reason": "aborted"}) or 0) > aborted
+        other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+        again: list[Any] = []
+        wait_for(lambda: again.extend(other.reclaim(600_000, 10)) or again, "the aborted prompt never came back", 10)
+        assert [(d.message.id, d.deliveries) for d in again] == [("slow", 2)]
 
 
 def test_a_leaving_async_worker_hands_back_the_groups_it_aborted_and_the_one_it_had_not_started(

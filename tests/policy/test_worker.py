@@ -13,13 +13,14 @@ import redis
 from ragr1.services.common import fleet
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.process import ServiceProcess
-from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
+from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Backlog, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling, Task
 from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2
+from tests.common.waiting import wait_for
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 
 SCRIPT = {
@@ -30,6 +31,8 @@ SCRIPT = {
 
 # The lock-step worker's tests; tests/policy/test_streaming.py has the async worker's.
 LOCKSTEP_LOOP = RolloutLoopSettings(rollout_loop=LOCKSTEP)
+# A failed prompt's backoff in these tests: short, so that a test sees it handed out again within a second.
+BACKOFF: dict[str, Any] = {"retry_backoff_seconds": 0.2, "retry_backoff_max_seconds": 1.0}
 
 
 def make_policy(tokenizer: Any, model_dir: Path, search: ScriptedSearch) -> Policy:
@@ -88,6 +91,7 @@ def worker_for(
         block_ms=100,
         reclaim_idle_ms=60_000,
         dead_letter_retrieval_errors=dead_letter,
+        **BACKOFF,
     )
 
 
@@ -126,9 +130,13 @@ def test_retriever_failure_requeues_or_dead_letters(
         assert prompts.pending() == 0
     else:
         assert prompts.dead_letters() == []
-        assert prompts.pending() == 1  # handed out again after reclaim_idle_ms
-        (again,) = prompts.consume(10, pending=True)
-        assert again.message.id == "ham" and again.deliveries == 2
+        # Handed back at once, its failed delivery counted: another worker takes it once its backoff has
+        # passed, far from its own reclaim threshold (10 minutes).
+        assert prompts.backlog() == Backlog(waiting=1, in_progress=0, holders=0)
+        other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+        again: list[Any] = []
+        wait_for(lambda: again.extend(other.reclaim(600_000, 10)) or again, "never handed out again", 10)
+        assert [(d.message.id, d.deliveries) for d in again] == [("ham", 2)]
 
 
 def test_invalid_tasks_are_dead_lettered(
@@ -250,7 +258,7 @@ def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_
                     default_sampling=Sampling(), limits=RolloutLimits(max_batch=8), schedule=LOCKSTEP_LOOP)
     worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=2,
                            block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                           grace_seconds=0.4)
+                           grace_seconds=0.4, **BACKOFF)
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -293,7 +301,7 @@ def test_the_worker_takes_no_prompt_until_its_replica_serves_the_announced_versi
                               retry_seconds=1.0, set_serving=health)
     worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=8,
                            block_ms=100, reclaim_idle_ms=60_000, dead_letter_retrieval_errors=False,
-                           accepting=follower.accepting)
+                           accepting=follower.accepting, **BACKOFF)
 
     async def scenario() -> list[Any]:
         stop = asyncio.Event()

@@ -11,7 +11,9 @@ import redis
 from prometheus_client import REGISTRY
 
 from ragr1.services.common import fleet
-from ragr1.services.trainer.publisher import PublishError, WeightPublisher
+from ragr1.services.common.streams import PROMPTS, WORKERS, StreamQueue
+from ragr1.services.trainer.publisher import PublishError, StrandedAlarm, WeightPublisher
+from ragr1.v1 import common_pb2
 
 
 class Clock:
@@ -164,3 +166,47 @@ def test_the_versions_in_use_are_those_replicas_serve_load_or_retry(redis_client
     report(redis_client, "policy-1", 2, fleet.LOADING, target=4)
     report(redis_client, "policy-2", 1, fleet.REFUSED, target=3, reason="late")
     assert publisher.in_use() == {5, 2, 4, 1, 3}
+
+
+def stranded() -> float | None:
+    return REGISTRY.get_sample_value("ragr1_trainer_prompts_stranded_seconds")
+
+
+def test_prompts_are_stranded_only_while_no_replica_takes_prompts(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On real stream states and replica reports: a fleet scaled up from zero strands nothing once a replica loads
+    the weights, however long its pod took to come; a fleet whose every replica refused the weights, or never got
+    past its start, strands the prompts, and past the threshold the trainer says so once."""
+    prompts = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group=WORKERS)
+    prompts.ensure_group()
+    clock = Clock()
+    alarm = StrandedAlarm(600, clock)
+    assert REGISTRY.get_sample_value("ragr1_trainer_alarm_threshold", {"alarm": "prompts_stranded"}) == 600
+
+    def observe() -> float:
+        return alarm.observe(prompts.backlog(), fleet.replicas(redis_client))
+
+    assert observe() == 0 and stranded() == 0  # no prompt: nothing stranded
+    prompts.produce([common_pb2.PromptTask(id="p0", question="q?")])
+    assert observe() == 0  # a fleet at zero: the clock starts
+    clock.now = 500  # the pods are scheduled and their engines load: still no replica reports
+    assert observe() == 500 and stranded() == 500
+    report(redis_client, "policy-0", 0, fleet.LOADING, target=3)
+    clock.now = 700  # past the threshold, but a replica loads the weights: it takes prompts next
+    assert observe() == 0
+    # Then every replica refuses the weights (or none gets past starting): the prompts are stranded again.
+    report(redis_client, "policy-0", 2, fleet.REFUSED, target=3, reason="digest")
+    report(redis_client, "policy-1", 0, fleet.STARTING)
+    assert observe() == 0
+    clock.now = 1000
+    with caplog.at_level("WARNING"):
+        assert observe() == 300 and not caplog.records
+        clock.now = 1300
+        assert observe() == 600 and stranded() == 600
+        clock.now = 1400
+        observe()
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "1 prompts have waited or been in progress for 600 s" in said and "refused v3: digest" in said
+    report(redis_client, "policy-1", 3, fleet.SERVING)
+    assert observe() == 0 and stranded() == 0

@@ -8,6 +8,13 @@ together or not at all. Entries whose consumer died are reclaimed after an idle 
 delivered more than ``max_deliveries`` times, or one that does not parse or validate, goes to the
 dead-letter stream ``<stream>:dead`` with the reason; messages whose ``id`` was already acknowledged
 are skipped (de-duplication by message id, e.g. a producer that retried).
+
+Reclaim is for the dead only. A live consumer keeps its lease on what it works on (``renew``: its own entries
+re-claimed, which resets their idle time), however long the work takes; work it will not finish goes back at
+once (``hand_back``: a consumer that leaves), and work that failed for a passing reason goes back at once with a
+delivery counted, to be taken again after a backoff (``retry``). Redis Streams have no negative
+acknowledgement: both park the entry under the consumer name ``HANDED_BACK`` with an idle time that says when it
+is due, and ``reclaim`` takes an entry parked there once it is due, whatever its own idle threshold.
 """
 
 from __future__ import annotations
@@ -16,18 +23,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import redis
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
-from redis.backoff import EqualJitterBackoff
-from redis.retry import Retry
 
 from ragr1.services.common import ports
 from ragr1.services.common.config import Validated, setting
-from ragr1.services.common.wire import read_secret
+from ragr1.services.common.redis_client import RedisTLS, connect
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +40,64 @@ ROLLOUTS = "rollouts"
 DEAD_LETTER_SUFFIX = ":dead"
 # The rollout workers' consumer group on the prompts stream (``QueueConfig.worker_group``'s default).
 WORKERS = "rollout-workers"
-# The consumer that a leaving consumer hands its unfinished entries to (``hand_back``): no process reads under
-# this name; the entries it holds are idle far past any ``reclaim`` threshold, so the next consumer that
-# reclaims takes them at once. Its entries are waiting work, not work in progress (``Backlog``).
+# The consumer that entries handed back are parked under (``hand_back``, ``retry``): no process reads under this
+# name; ``reclaim`` takes each of them once it is due. Its entries are waiting work, not work in progress
+# (``Backlog``).
 HANDED_BACK = "handed-back"
-# The idle time a handed-back entry is given: larger than any reclaim threshold (about 30 years), smaller than
-# the time since the epoch, which Redis subtracts it from.
+# The idle time at which an entry parked under HANDED_BACK is due: larger than any reclaim threshold (about 30
+# years), smaller than the time since the epoch, which Redis subtracts it from. An entry handed back to be taken
+# at once is parked this idle; one to be taken after a backoff, this less the backoff (so due when it has passed).
 _HANDED_BACK_IDLE_MS = 10**12
+# The longest backoff ``retry`` accepts: the parked entries' idle times stay far above any reclaim threshold.
+MAX_BACKOFF_MS = 24 * 3600 * 1000
+
+# Claims for ARGV[2] up to ARGV[4] entries of the group ARGV[1] idle at least ARGV[3] ms, in entry order: the dead
+# consumers' (and this consumer's own that it no longer renews), and those parked under ARGV[5] once due (idle at
+# least ARGV[6] ms), never one parked there still backing off. One script, so that nothing is claimed by another
+# consumer, nor renewed by its owner, between the look and the claim. Returns the XCLAIM reply (which counts the
+# delivery; an entry deleted from the stream meanwhile comes back as nil on Redis 6.2, not at all on 7.0) and,
+# flat, each entry taken from a consumer other than ARGV[5] with that consumer.
+_RECLAIM = """
+local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
+local min_idle, count, parked, due = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local ids, owners, start = {}, {}, '-'
+while #ids < count do
+  local rows = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', 100)
+  for _, row in ipairs(rows) do
+    if row[2] ~= parked or row[3] >= due then
+      ids[#ids + 1] = row[1]
+      if row[2] ~= parked then
+        owners[#owners + 1] = row[1]
+        owners[#owners + 1] = row[2]
+      end
+      if #ids >= count then break end
+    end
+  end
+  if #rows < 100 then break end
+  start = '(' .. rows[#rows][1]
+end
+if #ids == 0 then return {{}, {}} end
+return {redis.call('XCLAIM', stream, group, me, min_idle, unpack(ids)), owners}
+"""
+
+# Renews the lease of ARGV[2] on the entries ARGV[3..] that are still pending under it (XCLAIM JUSTID: the idle
+# time starts again from 0, no delivery counted); an entry another consumer took meanwhile stays with it.
+# Returns how many were renewed.
+_RENEW = """
+local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
+local mine = {}
+for i = 3, #ARGV do
+  local row = redis.call('XPENDING', stream, group, ARGV[i], ARGV[i], 1, me)
+  if #row > 0 then mine[#mine + 1] = ARGV[i] end
+end
+if #mine == 0 then return 0 end
+return #redis.call('XCLAIM', stream, group, me, 0, unpack(mine), 'JUSTID')
+"""
 
 STREAM_EVENTS = Counter(
     "ragr1_queue_events_total",
-    "Queue events by stream and kind (produced, delivered, acked, duplicate, reclaimed, handed_back, dead_lettered, "
-    "trimmed).",
+    "Queue events by stream and kind (produced, delivered, acked, duplicate, reclaimed, handed_back, retried: handed "
+    "back after a passing failure, dead_lettered, trimmed).",
     ["stream", "event"],
 )
 
@@ -79,94 +129,6 @@ class Delivery(Generic[M]):
     entry_id: str
     message: M
     deliveries: int = 1
-
-
-# How long a client of the queue waits out a Redis that is down (a restart from its append-only file takes
-# seconds; the supervisor's first backoff is 1 s, a pod's restart more): waits doubling from about 0.4 s
-# to 2.5-5 s, 27-45 s in all, after which the caller sees the ConnectionError.
-RECONNECT_RETRIES = 12
-RECONNECT_CAP_SECONDS = 5.0
-
-
-def _scheme(url: str) -> str:
-    # Only the scheme goes into a message: the rest of the URL may hold a password.
-    return url.split("://", 1)[0] + "://" if "://" in url else "no scheme"
-
-
-@dataclasses.dataclass(frozen=True)
-class RedisTLS:
-    """A Redis client's TLS files (PEM); all optional: a ``rediss://`` URL alone trusts the system's CAs."""
-
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-
-    def _files(self) -> list[tuple[str, str, str]]:
-        """(setting, redis-py argument, path) of each file given."""
-        files = [("redis_ca_file", "ssl_ca_certs", self.ca_file), ("redis_cert_file", "ssl_certfile", self.cert_file),
-                 ("redis_key_file", "ssl_keyfile", self.key_file)]
-        return [file for file in files if file[2]]
-
-    def check(self, url: str) -> None:
-        """Raises ValueError naming the setting: files without a TLS URL (they would be ignored and the
-        queue's traffic sent in the clear), half a client certificate."""
-        given = [name for name, _, _ in self._files()]
-        if given and not url.startswith("rediss://"):
-            raise ValueError(f"{', '.join(given)}: TLS files need a rediss:// redis_url, got {_scheme(url)}")
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("a Redis client certificate needs both redis_cert_file and redis_key_file")
-
-    def client_kwargs(self, url: str) -> dict[str, str]:
-        """redis-py's TLS arguments; a missing file is named here, not after 30 s of reconnecting."""
-        self.check(url)
-        for name, _, path in self._files():
-            if not Path(path).is_file():
-                raise ValueError(f"{name} {path}: no such file")
-        return {argument: path for _, argument, path in self._files()}
-
-
-class _Refused(Exception):
-    """Carries a refused password through redis-py's retry loop, which takes it for a connection error."""
-
-
-class _QueueRetry(Retry):
-    """Waits out a Redis that is down, but not one that refuses the password: redis-py's
-    AuthenticationError is a ConnectionError, so a wrong password would be retried for the whole reconnect
-    window before anyone saw it."""
-
-    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        def attempt() -> Any:
-            try:
-                return do()
-            except redis.AuthenticationError as exc:
-                raise _Refused() from exc
-
-        try:
-            return super().call_with_retry(attempt, fail, *args, **kwargs)
-        except _Refused as refused:
-            raise refused.__cause__ from None  # type: ignore[misc]
-
-
-def connect(url: str, password_file: str = "", tls: RedisTLS | None = None) -> redis.Redis:
-    """A client for the queue's Redis that reconnects with backoff instead of failing at the first refused
-    connection (redis-py's default here: no retry, so a Redis restart killed the trainer). A command whose
-    reply was lost is sent again: every write of the queue is safe to repeat (ids de-duplicate), except
-    the admission counters, which a lost reply at the wrong moment can leave a few rollouts off.
-
-    ``password_file``: Redis AUTH with the password held there, which stays out of the URL, so out of
-    command lines, environments and logs; a password in the URL (``redis://:pw@host``) works too.
-    ``tls``: the CA and client certificate for a ``rediss://`` URL (TLS; the server's name is checked)."""
-    return redis.Redis.from_url(
-        url,
-        password=read_secret(password_file, "redis_password_file") if password_file else None,
-        retry=_QueueRetry(EqualJitterBackoff(base=0.25, cap=RECONNECT_CAP_SECONDS), RECONNECT_RETRIES),
-        socket_connect_timeout=5.0,
-        # No health_check_interval: its check retries inside the connect's retry, so a connection that
-        # fails after its handshake (a TLS client certificate refused) would take 12 x 12 tries to fail.
-        # A dead connection is found by keepalive or by the command itself, which is retried.
-        socket_keepalive=True,
-        **(tls or RedisTLS()).client_kwargs(url),
-    )
 
 
 @dataclasses.dataclass
@@ -272,18 +234,33 @@ class StreamQueue(Generic[M]):
         return self._accept(entries, counts)
 
     def reclaim(self, min_idle_ms: int, count: int = 100) -> list[Delivery[M]]:
-        """Takes over entries other consumers left unacknowledged for ``min_idle_ms`` (XAUTOCLAIM)."""
-        entries: list[tuple[Any, Any]] = []
-        cursor = "0-0"
-        while len(entries) < count:
-            reply = self.redis.xautoclaim(
-                self.stream, self.group, self.consumer, min_idle_ms, start_id=cursor, count=count - len(entries)
-            )
-            cursor = _text(reply[0])
-            entries += [(eid, fields) for eid, fields in reply[1] if fields is not None]
-            if cursor == "0-0":
-                break
+        """Takes over entries left unacknowledged for ``min_idle_ms`` (a dead consumer's: a live one renews what it
+        works on) and entries handed back once they are due (``hand_back``: at once; ``retry``: after their
+        backoff), whatever ``min_idle_ms``; in entry order, each delivery counted."""
+        script = self.redis.register_script(_RECLAIM)
+        claimed, owners = script(keys=[self.stream], args=[self.group, self.consumer, min_idle_ms, count,
+                                                           HANDED_BACK, _HANDED_BACK_IDLE_MS])
+        # A script's reply is Redis's raw one: each entry an id and its fields as a flat list.
+        entries = [(e[0], dict(zip(e[1][::2], e[1][1::2], strict=True))) for e in claimed or [] if e and e[1]]
+        taken_from: dict[str, int] = {}
+        for owner in owners[1::2]:
+            taken_from[_text(owner)] = taken_from.get(_text(owner), 0) + 1
+        if taken_from:
+            # Work whose owner stopped renewing its lease: dead, paused, or lost track of it.
+            log.warning("%s: %s took over %s, idle for %d ms or more", self.stream, self.consumer,
+                        ", ".join(f"{n} entries from {name}" for name, n in sorted(taken_from.items())), min_idle_ms)
         return self._claimed(entries)
+
+    def renew(self, entry_ids: Sequence[str]) -> int:
+        """Keeps this consumer's lease on ``entry_ids``, work it is still doing: their idle time starts again from
+        0 (no delivery counted), so that no other consumer's ``reclaim`` takes them however long the work runs. A
+        live consumer calls it well within the reclaim threshold; one that stops calling it (dead, paused) loses
+        them once they have been idle that long. An entry no longer pending under this consumer (acknowledged,
+        handed back, taken by another) is left as it is. Returns how many were renewed."""
+        if not entry_ids:
+            return 0
+        script = self.redis.register_script(_RENEW)
+        return int(script(keys=[self.stream], args=[self.group, self.consumer, *entry_ids]))
 
     def take_over(self, count: int = 1000) -> list[Delivery[M]]:
         """Claims every entry pending under another consumer name of the group, however recently delivered:
@@ -300,11 +277,34 @@ class StreamQueue(Generic[M]):
 
     def hand_back(self, entry_ids: Sequence[str] | None = None, *, leave: bool = True) -> int:
         """Hands entries pending under this consumer (``entry_ids``, or all of them) to the other consumers:
-        for work this consumer will not finish. The entries go to ``HANDED_BACK`` as if idle for decades, so
-        whichever consumer next calls ``reclaim`` takes them, at once rather than after its idle threshold; their
+        for work this consumer will not finish. The entries are parked under ``HANDED_BACK``, due at once, so
+        whichever consumer next calls ``reclaim`` takes them, rather than after its idle threshold; their
         delivery counts stay as they were (a hand-back is no failed delivery). ``leave``: the consumer is
         removed from the group too (a replica scaled away), in the same transaction. Returns how many entries
         were handed back."""
+        handed = self._park(entry_ids, counted=False, backoff_ms=0, leave=leave)
+        if handed:
+            log.info("%s: %s handed back %d entries", self.stream, self.consumer, handed)
+            STREAM_EVENTS.labels(self.stream, "handed_back").inc(handed)
+        return handed
+
+    def retry(self, entry_ids: Sequence[str], backoff_ms: int) -> int:
+        """Hands back entries pending under this consumer whose work failed for a passing reason (a dependency
+        restarting, an abort): at once, with the failed delivery counted (so an entry that keeps failing is
+        dead-lettered after ``max_deliveries``), to be taken by whichever consumer calls ``reclaim`` once
+        ``backoff_ms`` have passed, not after any reclaim threshold. Returns how many entries went back."""
+        if not 0 <= backoff_ms <= MAX_BACKOFF_MS:
+            raise ValueError(f"backoff_ms must be within 0..{MAX_BACKOFF_MS}, got {backoff_ms}")
+        if not entry_ids:
+            return 0
+        retried = self._park(entry_ids, counted=True, backoff_ms=backoff_ms, leave=False)
+        if retried:
+            STREAM_EVENTS.labels(self.stream, "retried").inc(retried)
+        return retried
+
+    def _park(self, entry_ids: Sequence[str] | None, *, counted: bool, backoff_ms: int, leave: bool) -> int:
+        """Moves entries pending under this consumer to ``HANDED_BACK``, due after ``backoff_ms``; ``counted``: the
+        delivery they had counts as a failed one (the next ``reclaim`` adds one), else it does not."""
         rows = self.redis.xpending_range(self.stream, self.group, min="-", max="+", count=100_000,
                                          consumername=self.consumer)
         wanted = None if entry_ids is None else set(entry_ids)
@@ -315,17 +315,14 @@ class StreamQueue(Generic[M]):
                 by_count.setdefault(int(row["times_delivered"]), []).append(entry_id)
         pipe = self.redis.pipeline(transaction=True)
         for times, ids in by_count.items():
-            # XCLAIM counts a delivery unless told the count: the next reclaim counts the real one.
-            pipe.xclaim(self.stream, self.group, HANDED_BACK, 0, ids, idle=_HANDED_BACK_IDLE_MS,
-                        retrycount=max(0, times - 1), justid=True)
+            # XCLAIM counts a delivery unless told the count; the next reclaim counts one more: the real one.
+            pipe.xclaim(self.stream, self.group, HANDED_BACK, 0, ids, idle=_HANDED_BACK_IDLE_MS - backoff_ms,
+                        retrycount=times if counted else max(0, times - 1), justid=True)
         if leave:
             pipe.xgroup_delconsumer(self.stream, self.group, self.consumer)
-        pipe.execute()
-        handed = sum(len(ids) for ids in by_count.values())
-        if handed:
-            log.info("%s: %s handed back %d entries", self.stream, self.consumer, handed)
-            STREAM_EVENTS.labels(self.stream, "handed_back").inc(handed)
-        return handed
+        if by_count or leave:
+            pipe.execute()
+        return sum(len(ids) for ids in by_count.values())
 
     def _claimed(self, entries: Sequence[tuple[Any, Any]]) -> list[Delivery[M]]:
         """Entries this consumer took from others: counted, then accepted with their delivery counts."""

@@ -10,7 +10,7 @@ import dataclasses
 from ragr1.services.common import ports
 from ragr1.services.common.config import check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
-from ragr1.services.common.streams import QueueConfig
+from ragr1.services.common.streams import MAX_BACKOFF_MS, QueueConfig
 from ragr1.services.policy.agent import LoopConfig, SamplingSettings
 from ragr1.services.policy.engine import EngineSettings
 from ragr1.services.policy.runtime import RolloutLimits, RolloutLoopSettings
@@ -48,6 +48,13 @@ class PolicyConfig(
     worker_block_ms: int = setting(1000, "wait for new prompts up to this long per poll")
     reclaim_idle_ms: int = setting(600_000, "take over prompts another worker left unacknowledged this long")
     max_deliveries: int = setting(5, "deliveries before a prompt is dead-lettered")
+    # Long enough that the max_deliveries a prompt has outlast a dependency's restart (5, 10, 20 and 40 s between
+    # its five deliveries, plus their rollouts), short enough that the prompt is back well within the reclaim time.
+    retry_backoff_seconds: float = setting(
+        5.0, "a prompt whose work failed for a passing reason (a dependency restarting, an abort) goes back at once "
+        "and is handed out again after this long, doubled with each delivery it has had"
+    )
+    retry_backoff_max_seconds: float = setting(120.0, "the longest backoff of a prompt handed back after a failure")
     on_retrieval_error: str = setting(
         "requeue", "prompts whose rollout hit a retriever error: requeue or dead_letter"
     )
@@ -81,6 +88,12 @@ class PolicyConfig(
                 f"max_queries_per_search={self.max_queries_per_search} queries x tokens_per_query="
                 f"{self.tokens_per_query} tokens with max_tokens_per_turn={self.max_tokens_per_turn}: "
                 f"that needs about {needed} tokens; raise max_model_len or lower one of the others"
+            )
+        check_at_least(self, (("reclaim_idle_ms", 1), ("max_deliveries", 1)))
+        if not 0 <= self.retry_backoff_seconds <= self.retry_backoff_max_seconds <= MAX_BACKOFF_MS / 1000:
+            raise ValueError(
+                f"retry_backoff_seconds ({self.retry_backoff_seconds}) must be within 0..retry_backoff_max_seconds "
+                f"({self.retry_backoff_max_seconds}), which must be at most {MAX_BACKOFF_MS // 1000}"
             )
         for name in ("engine_check_seconds", "heartbeat_seconds", "refusal_retry_seconds"):
             if getattr(self, name) <= 0:

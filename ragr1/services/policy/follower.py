@@ -7,11 +7,17 @@ only then (with nothing announced yet, its own model is all it can serve: SERVIN
 trainer announces). Loads go through ``Policy.update_weights`` (the version fence: in-flight rollouts finish or
 abort, every rollout carries one version) with the announced digest, checked before anything is loaded.
 
+From the moment a newer version is announced until it serves (its checkpoint waited for, its digest read, the
+load), the replica takes no prompt and starts no trajectory (``VersionGate.holding``): what it starts would be
+stale on arrival. Running trajectories finish or abort as ``in_flight`` says.
+
 Shared storage may show a checkpoint late or half-copied: an announcement lists every file with its size, and
 a version is loaded only once all of them are there (then its digest decides), waited for with backoff up to
 ``checkpoint_wait_seconds`` while no newer version is announced. A version that still cannot be loaded is
 refused: the replica says why in its log and its report, takes no prompts and turns NOT_SERVING, and tries it
-again every ``retry_seconds`` until it, or a later version, loads. The other replicas are not concerned.
+again every ``retry_seconds`` until it, or a later version, loads. The other replicas are not concerned. A load
+that failed in the engine through an ``UpdateWeights`` call rather than the follower leaves the weights unknown
+just the same: the replica refuses, and loads the newest announced version again after ``retry_seconds``.
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ class WeightFollower:
         self.target = 0
         self.reason = ""
         self._seen = "0-0"  # the last announcement read (a stream entry id)
+        self._announced: fleet.Announcement | None = None  # the newest announcement taken
+        self._ready = False  # the server's readiness as this follower last set it
         self._refused: fleet.Announcement | None = None
         self._retry_at = 0.0
         self._reporting = asyncio.Lock()
@@ -114,8 +122,9 @@ class WeightFollower:
         if newest is None and not stop.is_set():
             log.info("no weight version announced yet: serving the starting weights as v%d to calls, taking no "
                      "prompt until the trainer announces a version", self.policy.gate.version)
-            await self.set_serving(True)
+            await self._set_ready(True)
         while not stop.is_set():
+            await self._check_gate()
             if newest is None and self._refused is not None and time.monotonic() >= self._retry_at:
                 log.info("trying the refused weights v%d again", self._refused.version)
                 newest = self._refused
@@ -151,11 +160,33 @@ class WeightFollower:
     # -- one announcement -----------------------------------------------------------------------
     async def take(self, announced: fleet.Announcement, stop: asyncio.Event | None = None) -> None:
         """Serves ``announced`` (loading it unless it is what is served), or a newer version announced while
-        its checkpoint was waited for; refuses it when it cannot be loaded in time."""
+        its checkpoint was waited for; refuses it when it cannot be loaded in time. No trajectory starts while a
+        load is readied and made."""
         self._seen = max(self._seen, announced.entry_id or self._seen, key=entry_key)
-        current: fleet.Announcement | None = announced
-        while current is not None and not (stop is not None and stop.is_set()):
-            current = await self._take_one(current, stop)
+        self._announced = announced
+        if await self._serves(announced):
+            if self.state != fleet.SERVING or not self.accepting.is_set():
+                await self._serve()
+            return
+        async with self.policy.gate.holding():
+            current: fleet.Announcement | None = announced
+            while current is not None and not (stop is not None and stop.is_set()):
+                current = await self._take_one(current, stop)
+
+    async def _check_gate(self) -> None:
+        """Reflects a load that failed in the engine outside this follower (an ``UpdateWeights`` call): the
+        weights are unknown, so the replica refuses (NOT_SERVING, no prompts) until a load succeeds; the newest
+        announced version is loaded again after ``retry_seconds``. With nothing announced, a later call whose
+        load succeeded makes it ready for calls again."""
+        failed = self.policy.gate.failed
+        if failed and self.state != fleet.REFUSED:
+            await self._refuse(self._announced, f"a weight update failed in the engine: {failed}")
+        elif not failed and self.state == fleet.REFUSED and self._announced is None:
+            log.info("the engine's weights are known again (v%d): ready for calls, taking no prompt until the "
+                     "trainer announces a version", self.policy.gate.version)
+            self.state, self.target, self.reason = fleet.STARTING, 0, ""
+            await self._set_ready(True)
+            await self._report()
 
     async def _serves(self, announced: fleet.Announcement) -> bool:
         """Whether the served weights are ``announced``'s (or newer): at the same version, by digest."""
@@ -176,6 +207,7 @@ class WeightFollower:
                 await self._serve()
             return None
         self.state, self.target, self.reason = fleet.LOADING, announced.version, ""
+        self.accepting.clear()
         await self._report()
         deadline = time.monotonic() + self.checkpoint_wait_seconds
         pause = _FIRST_LOOK_SECONDS
@@ -211,22 +243,31 @@ class WeightFollower:
                 log.info("weights v%d announced while v%d was waited for: loading v%d instead",
                          newer.version, announced.version, newer.version)
                 self._seen = max(self._seen, newer.entry_id, key=entry_key)
+                self._announced = newer
                 return newer
+
+    async def _set_ready(self, ready: bool) -> None:
+        self._ready = ready
+        await self.set_serving(ready)
 
     async def _serve(self) -> None:
         self.state, self.target, self.reason = fleet.SERVING, 0, ""
         self._refused = None
         await self._report()
-        if not self.accepting.is_set():
-            await self.set_serving(True)
-            self.accepting.set()
+        if not self._ready:
+            await self._set_ready(True)
+        self.accepting.set()
 
-    async def _refuse(self, announced: fleet.Announcement, reason: str) -> None:
-        log.error("weights v%d refused: %s; this replica serves v%d, takes no prompts and reports NOT_SERVING "
-                  "until a version loads (v%d tried again in %.0f s)", announced.version, reason,
-                  self.policy.gate.version, announced.version, self.retry_seconds)
-        self.state, self.target, self.reason = fleet.REFUSED, announced.version, reason
+    async def _refuse(self, announced: fleet.Announcement | None, reason: str) -> None:
+        """Takes no prompts and turns NOT_SERVING; ``announced`` (if any) is tried again after ``retry_seconds``."""
+        if announced is None:
+            log.error("%s; this replica takes no prompts and reports NOT_SERVING until a load succeeds", reason)
+        else:
+            log.error("weights v%d refused: %s; this replica serves v%d, takes no prompts and reports NOT_SERVING "
+                      "until a version loads (v%d tried again in %.0f s)", announced.version, reason,
+                      self.policy.gate.version, announced.version, self.retry_seconds)
+        self.state, self.target, self.reason = fleet.REFUSED, announced.version if announced else 0, reason
         self._refused, self._retry_at = announced, time.monotonic() + self.retry_seconds
         self.accepting.clear()
-        await self.set_serving(False)
+        await self._set_ready(False)
         await self._report()

@@ -15,7 +15,9 @@ GENERATED_TOKENS = Counter(
     "ragr1_policy_generated_tokens_total", "Tokens the model generated (rate() gives tokens/s)."
 )
 GENERATION_TOKENS_PER_SECOND = Gauge(
-    "ragr1_policy_generation_tokens_per_second", "Generated tokens per second of the last batch."
+    "ragr1_policy_generation_tokens_per_second",
+    "Generated tokens per second of the replica over the last minute: the tokens of the rollouts and generations "
+    "that ended in it, over the time at least one ran (calls running at once counted once).",
 )
 ROLLOUT_LATENCY = Histogram(
     "ragr1_policy_rollout_seconds", "Wall time of one batch of rollouts.", buckets=LATENCY_BUCKETS
@@ -37,10 +39,18 @@ RETRIEVAL_ROUNDS = Histogram(
 )
 RETRIEVAL_WAIT_SHARE = Gauge(
     "ragr1_policy_retrieval_wait_ratio",
-    "Share of the last rollout batch's wall time spent waiting on retrieval.",
+    "Share of the last minute's rollout time (at least one rollout or generation running) in which at least one "
+    "retrieval call was outstanding.",
 )
 RETRIEVAL_WAIT = Counter(
-    "ragr1_policy_retrieval_wait_seconds_total", "Rollout time spent waiting on the retriever."
+    "ragr1_policy_retrieval_wait_seconds_total",
+    "Wall time in which at least one retrieval call of the rollouts was outstanding (calls that overlap counted "
+    "once).",
+)
+ROLLOUT_BUSY = Counter(
+    "ragr1_policy_rollout_busy_seconds_total",
+    "Wall time in which at least one rollout or generation ran (calls that overlap counted once): what the "
+    "retrieval wait is a share of.",
 )
 TRAJECTORIES = Counter(
     "ragr1_policy_trajectories_total",
@@ -82,7 +92,14 @@ WORKER_BATCHES = Counter(
 )
 WORKER_PROMPTS = Counter(
     "ragr1_policy_worker_prompts_total",
-    "Prompts a rollout worker finished, by outcome (acked, requeued, dead_lettered, handed_back: left unfinished "
-    "to the other workers).",
+    "Prompts a rollout worker finished, by outcome (acked; requeued: handed back after a passing failure, a "
+    "delivery counted, due again after a backoff; dead_lettered; handed_back: left unfinished to the other "
+    "workers, no delivery counted).",
     ["outcome"],
+)
+WORKER_REQUEUES = Counter(
+    "ragr1_policy_worker_requeues_total",
+    "Prompts a rollout worker handed back after a passing failure, by what failed (rollout, scoring, "
+    "acknowledgement, retrieval_error, aborted).",
+    ["reason"],
 )

@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ragr1.protocol.information import Passage
 from ragr1.protocol.prompts import Tokenizer, chat_prompt_ids
 from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
+from ragr1.services.policy.activity import Busy, Window
 from ragr1.services.policy.agent import (
     AgentLoop,
     Engine,
@@ -34,6 +36,25 @@ from ragr1.services.policy.agent import (
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
 
 log = logging.getLogger(__name__)
+
+# The window of the tokens/s and retrieval-share gauges: several groups' ends, so that a replica running many
+# at once reads as its whole rate, yet recent enough to follow a change of load.
+RATE_WINDOW_SECONDS = 60.0
+
+
+class _TimedSearch:
+    """The search backend, its calls counted into ``busy`` (the time at least one search is outstanding)."""
+
+    def __init__(self, inner: SearchBackend, busy: Busy) -> None:
+        self.inner = inner
+        self.busy = busy
+
+    async def search(self, queries: Sequence[str], groups: Sequence[int]) -> list[list[Passage]]:
+        self.busy.begin()
+        try:
+            return await self.inner.search(queries, groups)
+        finally:
+            self.busy.end()
 
 
 class ReloadableEngine(Engine, Protocol):
@@ -91,7 +112,13 @@ class Policy:
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.loop = AgentLoop(engine, search, tokenizer, loop)
+        self.search = search
+        # Wall time with a rollout or generation running, and with a search outstanding, overlaps counted once.
+        self._busy = Busy(metrics.ROLLOUT_BUSY.inc)
+        self._searching = Busy(metrics.RETRIEVAL_WAIT.inc)
+        self._window = Window(RATE_WINDOW_SECONDS)
+        self._tokens = 0
+        self.loop = AgentLoop(engine, _TimedSearch(search, self._searching), tokenizer, loop)
         self.model_dir = model_dir
         self.default_sampling = default_sampling
         self.limits = limits
@@ -164,25 +191,30 @@ class Policy:
         to its end (the version fence), so each carries the one version that generated it."""
         prompt_ids = self.prompt_ids(tasks)
         start = time.perf_counter()
-        if self.rollout_loop == ASYNC:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    running = [
-                        group.create_task(self._trajectory(task, sampling, k, ids))
-                        for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids, strict=True)
-                    ]
-            except BaseExceptionGroup as failed:  # the first failure, as lock-step raises it (UNAVAILABLE, say)
-                raise failed.exceptions[0] from None
-            trajectories = [r.result() for r in running]
-        else:
-            metrics.TRAJECTORIES_IN_FLIGHT.inc(len(tasks))
-            try:
-                async with self.gate.rollout() as version:
-                    trajectories = await self.loop.run(
-                        tasks, sampling, version=version, prompt_ids=prompt_ids, should_abort=self._aborting
-                    )
-            finally:
-                metrics.TRAJECTORIES_IN_FLIGHT.dec(len(tasks))
+        self._begin()
+        try:
+            if self.rollout_loop == ASYNC:
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        running = [
+                            group.create_task(self._trajectory(task, sampling, k, ids))
+                            for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids,
+                                                    strict=True)
+                        ]
+                except BaseExceptionGroup as failed:  # the first failure, as lock-step raises it (UNAVAILABLE, say)
+                    raise failed.exceptions[0] from None
+                trajectories = [r.result() for r in running]
+            else:
+                metrics.TRAJECTORIES_IN_FLIGHT.inc(len(tasks))
+                try:
+                    async with self.gate.rollout() as version:
+                        trajectories = await self.loop.run(
+                            tasks, sampling, version=version, prompt_ids=prompt_ids, should_abort=self._aborting
+                        )
+                finally:
+                    metrics.TRAJECTORIES_IN_FLIGHT.dec(len(tasks))
+        finally:
+            self._busy.end()
         self._observe(trajectories, time.perf_counter() - start)
         return trajectories
 
@@ -213,10 +245,13 @@ class Policy:
             self._check_prompt(f"prompts[{i}]", ids)
             room = self.loop.config.max_model_len - len(ids)
             requests.append(GenerationRequest(ids, min(sampling.max_tokens_per_turn, room), sampling.seed))
-        start = time.perf_counter()
-        async with self.gate.rollout() as version:
-            generations = await self.engine.generate(requests, sampling, sampling.stop)
-        self._observe_generations(generations, time.perf_counter() - start)
+        self._begin()
+        try:
+            async with self.gate.rollout() as version:
+                generations = await self.engine.generate(requests, sampling, sampling.stop)
+        finally:
+            self._busy.end()
+        self._observe_generations(generations)
         return generations, version
 
     async def update_weights(
@@ -239,13 +274,14 @@ class Policy:
             await self.engine.reload_weights(path)
 
         try:
-            path = check_checkpoint(self.model_dir, checkpoint_path)
-            if sha256:
-                await self._check_digest(path, sha256)
-            await self.gate.update(
-                version, checkpoint_path, load, in_flight=in_flight or self.in_flight, abort=self.engine.abort_all,
-                same_version=same_version,
-            )
+            async with self.gate.holding():  # no rollout starts on the old weights while the new ones are checked
+                path = check_checkpoint(self.model_dir, checkpoint_path)
+                if sha256:
+                    await self._check_digest(path, sha256)
+                await self.gate.update(
+                    version, checkpoint_path, load, in_flight=in_flight or self.in_flight,
+                    abort=self.engine.abort_all, same_version=same_version,
+                )
         except Exception:
             metrics.WEIGHT_UPDATE_FAILURES.inc()
             raise
@@ -292,35 +328,39 @@ class Policy:
 
     async def retriever_info(self) -> tuple[Any, str]:
         """The retriever's description (its ``Info``) and "", or None and why there is none."""
-        describe = getattr(self.loop.search, "info", None)
+        describe = getattr(self.search, "info", None)
         if describe is None:
-            return None, f"the search backend {type(self.loop.search).__name__} does not describe its index"
+            return None, f"the search backend {type(self.search).__name__} does not describe its index"
         try:
             return await describe(), ""
         except Exception as exc:  # a retriever that is down must not fail the policy's own answer
             return None, f"{type(exc).__name__}: {exc}"
 
     # -- metrics --------------------------------------------------------------------------------
-    def _observe_generations(self, generations: Sequence[Generation], seconds: float) -> None:
-        tokens = sum(len(g.token_ids) for g in generations)
+    def _begin(self) -> None:
+        """A rollout or generation starts: its time counts from here, and the window records where it began."""
+        self._busy.begin()
+        self._window.growth(self._tokens, self._busy.seconds(), self._searching.seconds())
+
+    def _count_tokens(self, tokens: int) -> None:
+        """``tokens`` generated by a call that ended: the window's rates, over the time anything ran in it."""
         metrics.GENERATED_TOKENS.inc(tokens)
-        if seconds > 0:
-            metrics.GENERATION_TOKENS_PER_SECOND.set(tokens / seconds)
+        self._tokens += tokens
+        grown_tokens, busy, searching = self._window.growth(self._tokens, self._busy.seconds(),
+                                                            self._searching.seconds())
+        if busy > 0:
+            metrics.GENERATION_TOKENS_PER_SECOND.set(grown_tokens / busy)
+            metrics.RETRIEVAL_WAIT_SHARE.set(min(1.0, searching / busy))
+
+    def _observe_generations(self, generations: Sequence[Generation]) -> None:
+        self._count_tokens(sum(len(g.token_ids) for g in generations))
         for g in generations:
             if g.first_token_seconds is not None:
                 metrics.TIME_TO_FIRST_TOKEN.observe(g.first_token_seconds)
 
     def _observe(self, trajectories: Sequence[Trajectory], seconds: float) -> None:
         metrics.ROLLOUT_LATENCY.observe(seconds)
-        generated = sum(sum(t.loss_mask) for t in trajectories)
-        metrics.GENERATED_TOKENS.inc(generated)
-        if seconds > 0:
-            metrics.GENERATION_TOKENS_PER_SECOND.set(generated / seconds)
-            # Lock-step: every trajectory of a batch waits on the same retrieval calls, so the longest wait is
-            # the batch's. Async: the trajectories' waits overlap, and the longest bounds what the batch lost.
-            waited = max((t.retrieval_seconds for t in trajectories), default=0.0)
-            metrics.RETRIEVAL_WAIT_SHARE.set(min(1.0, waited / seconds))
-            metrics.RETRIEVAL_WAIT.inc(waited)
+        self._count_tokens(sum(sum(t.loss_mask) for t in trajectories))
         for t in trajectories:
             metrics.TRAJECTORY_PHASE.labels("generation").observe(t.generation_seconds)
             metrics.TRAJECTORY_PHASE.labels("retrieval").observe(t.retrieval_seconds)

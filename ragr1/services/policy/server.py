@@ -79,6 +79,8 @@ def build_worker(
         block_ms=config.worker_block_ms,
         reclaim_idle_ms=config.reclaim_idle_ms,
         dead_letter_retrieval_errors=config.on_retrieval_error == "dead_letter",
+        retry_backoff_seconds=config.retry_backoff_seconds,
+        retry_backoff_max_seconds=config.retry_backoff_max_seconds,
         accepting=accepting,
         grace_seconds=config.grace_seconds,
     )

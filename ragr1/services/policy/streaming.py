@@ -5,9 +5,10 @@ Each prompt's group (its ``num_samples`` trajectories, each on its own: ``Policy
 ``rollout_loop`` async) runs as its own task, and its rollouts are produced and its prompt acknowledged in
 one Redis transaction when the group ends (``RolloutWorker._run``): a group never waits for another, and
 the engine never waits for a batch's longest trajectory. Everything else is the lock-step worker's: the
-follower's ``accepting`` gates taking, failed groups are requeued or dead-lettered, and leaving stops
-taking, gives the groups in hand ``leave_seconds``, aborts the rest and hands every unacknowledged prompt
-back (a group taken and not started included).
+follower's ``accepting`` gates taking, the lease on every prompt held is renewed, a failed group goes back at
+once with a backoff (or is dead-lettered), and leaving stops taking, gives the groups in hand
+``leave_seconds``, aborts the rest and hands every unacknowledged prompt back (a group taken and not started
+included).
 """
 
 from __future__ import annotations
@@ -93,8 +94,4 @@ class StreamingRolloutWorker(RolloutWorker):
         self._groups.pop(group, None)
 
     async def _group(self, delivery: PromptDelivery) -> None:
-        try:
-            await self._run([delivery])
-        except Exception:  # Redis down at the acknowledgement: the prompt stays pending for a reclaim
-            log.exception("group %s failed after its rollout; its prompt is handed out again after reclaim_idle_ms",
-                          delivery.message.id)
+        await self._run_safely([delivery])

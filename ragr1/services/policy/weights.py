@@ -3,7 +3,8 @@
 A rollout must come from one set of weights (its ``policy_version`` covers every token), so the
 engine's weights change only when no rollout is running: an update waits for running rollouts to
 finish (``FINISH``) or asks them to stop at their next turn and aborts their engine requests
-(``ABORT``), and new rollouts wait until the update is done.
+(``ABORT``), and new rollouts wait until the update is done. They wait too while a newer version is readied
+(``holding``: its checkpoint waited for, its digest read): none starts on weights about to be superseded.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class VersionGate:
         self._open = asyncio.Event()
         self._open.set()
         self._updates = asyncio.Lock()
+        self._holds = 0
 
     @property
     def running(self) -> int:
@@ -137,6 +139,21 @@ class VersionGate:
             self._running -= 1
             if self._running == 0:
                 self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def holding(self) -> AsyncIterator[None]:
+        """New rollouts wait while this is held (a newer version being readied and loaded: its checkpoint waited
+        for, its digest read), so that none starts on weights about to be superseded; running ones go on, and
+        the update decides their fate. Held by nobody and with no update running, the gate opens again (on the
+        old weights when the new ones were refused)."""
+        self._holds += 1
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds and not self._updates.locked():
+                self._open.set()
 
     async def update(
         self,
@@ -171,4 +188,5 @@ class VersionGate:
                 self.version, self.checkpoint_path, self.failed = version, checkpoint_path, ""
             finally:
                 self.abort_requested = False
-                self._open.set()
+                if not self._holds:
+                    self._open.set()

@@ -4,10 +4,17 @@ This is the lock-step loop's worker (``rollout_loop`` lockstep): it takes a batc
 has finished. ``streaming.StreamingRolloutWorker`` (async, the default) builds on it and keeps trajectories going.
 
 A batch's rollouts are produced to ``rollouts`` in the same Redis transaction that acknowledges
-its prompts, so a crash loses nothing and duplicates nothing. A prompt whose rollout hit a
-retriever error (or was aborted by a weight update) is not acknowledged: with ``requeue`` the
-consumer group hands it out again after ``reclaim_idle_ms`` (to any worker; dead-lettered after
-``max_deliveries``), with ``dead_letter`` it goes to ``prompts:dead`` at once with the error.
+its prompts, so a crash loses nothing and duplicates nothing.
+
+Reclaim is for the dead only: the worker keeps its lease on every prompt it holds (``StreamQueue.renew``, a
+quarter of ``reclaim_idle_ms`` apart), so a group that runs longer than ``reclaim_idle_ms`` stays its own. A
+prompt whose work failed for a passing reason goes back at once with the failed delivery counted, to be taken
+again (by any worker) after a backoff that doubles with each delivery (``retry_backoff_seconds`` up to
+``retry_backoff_max_seconds``): a rollout that raised (weights unknown after a failed load, say), a trajectory
+that ended with a retriever error or ABORTED (a weight update under ``in_flight: abort``), a scoring call that
+failed (the reward service restarting), an acknowledgement that failed. One that fails on its
+``max_deliveries``-th delivery is dead-lettered with the failure. With ``on_retrieval_error: dead_letter`` a
+retriever error dead-letters the prompt at once instead.
 
 The worker takes prompts only while ``accepting`` is set (``follower.WeightFollower``: while the replica
 serves the newest announced weights).
@@ -15,8 +22,7 @@ serves the newest announced weights).
 Leaving (SIGTERM: a scale-down, a rolling update) the worker takes no new prompt, lets the batch in hand
 finish for up to ``leave_seconds``, then aborts what is left of it, and hands every prompt it has not
 acknowledged back to the other workers, which take them at their next look rather than after
-``reclaim_idle_ms``; its consumer leaves the group. A batch that fails (the engine's weights unknown after a
-failed load, say) is handed back at once too.
+``reclaim_idle_ms``, with no delivery counted; its consumer leaves the group.
 """
 
 from __future__ import annotations
@@ -43,8 +49,19 @@ log = logging.getLogger(__name__)
 LEAVE_MARGIN_SECONDS = 5.0
 
 
+# Lease renewals per reclaim_idle_ms: a worker whose event loop misses three in a row still keeps its prompts.
+LEASE_RENEWALS = 4
+
+
 def leave_margin(grace_seconds: float) -> float:
     return min(LEAVE_MARGIN_SECONDS, grace_seconds / 4)
+
+
+def backoff_seconds(deliveries: int, first: float, most: float) -> float:
+    """How long a prompt that failed on its ``deliveries``-th delivery waits before it is handed out again: ``first``
+    doubled with each delivery before it, at most ``most``."""
+    return min(most, first * 2.0 ** min(max(0, deliveries - 1), 30))
+
 
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
@@ -64,6 +81,8 @@ class RolloutWorker:
         block_ms: int,
         reclaim_idle_ms: int,
         dead_letter_retrieval_errors: bool,
+        retry_backoff_seconds: float,
+        retry_backoff_max_seconds: float,
         accepting: asyncio.Event | None = None,
         grace_seconds: float = 0.0,
     ) -> None:
@@ -76,23 +95,37 @@ class RolloutWorker:
         self.block_ms = block_ms
         self.reclaim_idle_ms = reclaim_idle_ms
         self.dead_letter_retrieval_errors = dead_letter_retrieval_errors
+        self.retry_backoff_seconds = retry_backoff_seconds
+        self.retry_backoff_max_seconds = retry_backoff_max_seconds
         self.accepting = accepting
         # Asked to stop, the batch in hand gets the grace period less what aborting it and handing back takes.
         self.margin = leave_margin(grace_seconds)
         self.leave_seconds = grace_seconds - self.margin
         # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
         # first takes back the prompts its predecessor was given and never acknowledged, at once
-        # instead of after reclaim_idle_ms. Read once at start: prompts this worker fails later wait
-        # for reclaim_idle_ms like any others.
+        # instead of after reclaim_idle_ms. Read once at start.
         self._backlog: list[PromptDelivery] | None = None
         self._first_taken = False
         self._leaving = False
+        # Every prompt this worker holds (taken and not yet acknowledged, handed back or dead-lettered), by entry:
+        # the lease it renews. A prompt it no longer holds by mistake is not renewed, so another worker
+        # reclaims it once idle reclaim_idle_ms, as a dead worker's.
+        self._held: dict[str, PromptDelivery] = {}
+        # Failed prompts whose hand-back failed (Redis down): handed back before anything else is taken.
+        self._owed: list[tuple[list[PromptDelivery], str, str]] = []
 
     async def _take(self, count: int) -> list[PromptDelivery]:
+        await self._settle_owed()
+        taken = await self._take_from_redis(count)
+        self._held.update((d.entry_id, d) for d in taken)
+        return taken
+
+    async def _take_from_redis(self, count: int) -> list[PromptDelivery]:
         if self._backlog is None:
             self._backlog = await asyncio.to_thread(
                 self.prompts.consume, max(1000, 4 * self.batch), None, pending=True
             )
+            self._held.update((d.entry_id, d) for d in self._backlog)
             if self._backlog:
                 log.info("resuming %d prompts left pending under consumer %s",
                          len(self._backlog), self.prompts.consumer)
@@ -117,7 +150,62 @@ class RolloutWorker:
     def _dead_letter(self, delivery: PromptDelivery, reason: str) -> None:
         task = delivery.message
         self.prompts.dead_letter(delivery.entry_id, {"id": task.id, "data": task.SerializeToString()}, reason)
+        self._held.pop(delivery.entry_id, None)
         metrics.WORKER_PROMPTS.labels("dead_lettered").inc()
+
+    async def _retry(self, deliveries: Sequence[PromptDelivery], reason: str, kind: str) -> None:
+        """Hands back prompts whose work failed for a passing reason (``kind``: rollout, scoring,
+        acknowledgement, retrieval_error, aborted), at once, with the failed delivery counted and a backoff;
+        dead-letters one that has failed on its ``max_deliveries``-th delivery. When Redis cannot be reached, they
+        are owed: handed back before the next prompt is taken, and kept (renewed) meanwhile."""
+        if not deliveries:
+            return
+        try:
+            spent = [d for d in deliveries if d.deliveries >= self.prompts.max_deliveries]
+            for d in spent:
+                await asyncio.to_thread(self._dead_letter, d, f"{reason} (delivery {d.deliveries}, max_deliveries "
+                                                              f"{self.prompts.max_deliveries})")
+            by_count: dict[int, list[PromptDelivery]] = {}
+            for d in deliveries:
+                if d not in spent:
+                    by_count.setdefault(d.deliveries, []).append(d)
+            for count, group in by_count.items():
+                wait = backoff_seconds(count, self.retry_backoff_seconds, self.retry_backoff_max_seconds)
+                await asyncio.to_thread(self.prompts.retry, [d.entry_id for d in group], round(wait * 1000))
+                for d in group:
+                    self._held.pop(d.entry_id, None)
+                metrics.WORKER_PROMPTS.labels("requeued").inc(len(group))
+                metrics.WORKER_REQUEUES.labels(kind).inc(len(group))
+                log.info("prompts %s handed back after their failed delivery %d (%s: %s); due again in %.1f s",
+                         ", ".join(d.message.id for d in group), count, kind, reason, wait)
+        except Exception as exc:
+            left = [d for d in deliveries if d.entry_id in self._held]
+            log.warning("handing back %d failed prompts failed (%s: %s); again before the next prompt is taken",
+                        len(left), type(exc).__name__, exc)
+            if left:
+                self._owed.append((left, reason, kind))
+
+    async def _settle_owed(self) -> None:
+        """Hands back what failed while Redis could not be reached; raises while it still cannot."""
+        owed, self._owed = self._owed, []
+        for deliveries, reason, kind in owed:
+            await self._retry(deliveries, reason, kind)
+        if self._owed:
+            raise ConnectionError(f"{sum(len(d) for d, _, _ in self._owed)} failed prompts are still to be handed "
+                                  "back")
+
+    async def _keep_lease(self) -> None:
+        """Renews this worker's lease on the prompts it holds, ``LEASE_RENEWALS`` times per ``reclaim_idle_ms``."""
+        every = self.reclaim_idle_ms / 1000 / LEASE_RENEWALS
+        while True:
+            await asyncio.sleep(every)
+            held = list(self._held)
+            if not held:
+                continue
+            try:
+                await asyncio.to_thread(self.prompts.renew, held)
+            except Exception as exc:  # Redis down: tried again at the next renewal
+                log.warning("renewing the lease on %d prompts failed: %s: %s", len(held), type(exc).__name__, exc)
 
     async def step(self) -> int:
         """Runs one batch; returns how many prompts it took (0 when the stream was empty)."""
@@ -128,11 +216,23 @@ class RolloutWorker:
             await self._hand_back(deliveries)
             return 0
         for chunk in self._chunks(await self._valid(deliveries)):
-            await self._run(chunk)
+            await self._run_safely(chunk)
         return len(deliveries)
+
+    async def _run_safely(self, deliveries: Sequence[PromptDelivery]) -> None:
+        """``_run``, and whatever of its prompts it left held when it raised (a fault of its own) handed back to
+        be tried again: a prompt held and not worked on would keep its lease for good."""
+        try:
+            await self._run(deliveries)
+        except Exception as exc:
+            log.exception("the work on %d prompts failed", len(deliveries))
+            await self._retry([d for d in deliveries if d.entry_id in self._held],
+                              f"rollout worker error: {type(exc).__name__}: {exc}", "rollout")
 
     async def _hand_back(self, deliveries: Sequence[PromptDelivery]) -> None:
         await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
+        for d in deliveries:
+            self._held.pop(d.entry_id, None)
 
     async def _valid(self, deliveries: Sequence[PromptDelivery]) -> list[PromptDelivery]:
         """The deliveries whose tasks the policy accepts; the others are dead-lettered with the reason."""
@@ -166,15 +266,15 @@ class RolloutWorker:
         tasks = expand([d.message for d in deliveries], self.policy.limits.max_batch)
         try:
             trajectories = await self.policy.rollout([task_of(t) for t in tasks], self.sampling)
-        except Exception:
-            log.exception("rollout of %d prompts failed; they are handed back to the other workers", len(deliveries))
+        except Exception as exc:
+            log.exception("rollout of %d prompts failed; they are handed back to be tried again", len(deliveries))
             metrics.WORKER_BATCHES.labels("failed").inc()
-            await self._hand_back(deliveries)
+            await self._retry(deliveries, f"rollout failed: {type(exc).__name__}: {exc}", "rollout")
             return
-        failed: dict[str, str] = {}
+        failed: dict[str, tuple[str, str]] = {}
         for task, t in zip(tasks, trajectories, strict=True):
             if t.status in RETRY:
-                failed.setdefault(task.id, f"{RETRY[t.status]}: {t.error}")
+                failed.setdefault(task.id, (RETRY[t.status], f"{RETRY[t.status]}: {t.error}"))
         done = [d for d in deliveries if d.message.id not in failed]
         keep = [i for i, task in enumerate(tasks) if task.id not in failed]
         try:
@@ -185,35 +285,47 @@ class RolloutWorker:
                 self.scorer,
                 self.sampling,
             )
-        except Exception:
-            log.exception("scoring failed; %d prompts will be handed out again", len(done))
-            metrics.WORKER_BATCHES.labels("failed").inc()
-            return
+        except Exception as exc:
+            log.exception("scoring failed; %d prompts are handed back to be tried again", len(done))
+            await self._retry(done, f"scoring failed: {type(exc).__name__}: {exc}", "scoring")
+            done = []
+        else:
+            def produce(pipe: Any) -> None:
+                self.rollouts.produce(rollouts, pipe, producer=self.prompts.consumer)
 
-        def produce(pipe: Any) -> None:
-            self.rollouts.produce(rollouts, pipe, producer=self.prompts.consumer)
-
-        await asyncio.to_thread(self.prompts.ack, done, produce)
-        metrics.WORKER_PROMPTS.labels("acked").inc(len(done))
-        for d in deliveries:
-            reason = failed.get(d.message.id)
-            if reason is None:
-                continue
-            if self.dead_letter_retrieval_errors and reason.startswith("retrieval_error"):
-                await asyncio.to_thread(self._dead_letter, d, reason)
+            try:
+                await asyncio.to_thread(self.prompts.ack, done, produce)
+            except Exception as exc:
+                log.exception("acknowledging %d prompts failed; they are handed back to be tried again", len(done))
+                await self._retry(done, f"acknowledgement failed: {type(exc).__name__}: {exc}", "acknowledgement")
+                done = []
             else:
-                metrics.WORKER_PROMPTS.labels("requeued").inc()
-        metrics.WORKER_BATCHES.labels("ok" if not failed else "partial").inc()
+                for d in done:
+                    self._held.pop(d.entry_id, None)
+                metrics.WORKER_PROMPTS.labels("acked").inc(len(done))
+        for d in deliveries:
+            if d.message.id not in failed:
+                continue
+            kind, reason = failed[d.message.id]
+            if self.dead_letter_retrieval_errors and kind == "retrieval_error":
+                await asyncio.to_thread(self._dead_letter, d, reason)
+            elif not (self._leaving and kind == "aborted"):  # aborted by the leave: handed back whole, uncounted
+                await self._retry([d], reason, kind)
+        metrics.WORKER_BATCHES.labels("ok" if len(done) == len(deliveries) else "partial" if done else "failed").inc()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Steps until ``stop`` is set, while ``accepting``; errors (Redis down) are logged and retried after a
         pause. Then leaves: see the module's docstring."""
         stopped = asyncio.ensure_future(stop.wait())
+        lease = asyncio.ensure_future(self._keep_lease())
         try:
             await self._steps(stop, stopped)
         finally:  # cut off or not, what it holds goes back
             stopped.cancel()
-            await self._leave()
+            try:
+                await self._leave()
+            finally:
+                lease.cancel()
 
     async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         while not stop.is_set():
@@ -256,6 +368,7 @@ class RolloutWorker:
             log.warning("handing back the unfinished prompts failed (%s: %s); other workers take them after "
                         "reclaim_idle_ms", type(exc).__name__, exc)
             return
+        self._held.clear()
         metrics.WORKER_PROMPTS.labels("handed_back").inc(handed)
         log.info("left the prompts stream's group; %d unfinished prompts handed back", handed)
 

@@ -284,6 +284,13 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
         "stop with an error when policy replicas report in Redis but none has served the newest announced "
         "weight version for this long (a replica that refused it tries again, so a refusal alone stops nothing)",
     )
+    # Longer than a replica of the chart takes to come up from nothing (scheduling, an engine load its startup
+    # probe allows 15 minutes, the first weights), so that a fleet woken from zero does not set it off.
+    prompts_stranded_seconds: float = setting(
+        1200.0,
+        "prompts-stranded alarm: prompts waiting or in progress while no policy replica takes prompts (none "
+        "reports serving or loading) for this long; 0 = off",
+    )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
 
     def validate(self) -> None:
@@ -296,6 +303,9 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
         for name in ("fleet_poll_seconds", "weights_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.prompts_stranded_seconds < 0:
+            raise ValueError(f"prompts_stranded_seconds must be at least 0 (0 = off), got "
+                             f"{self.prompts_stranded_seconds}")
         if self.batch_size % self.mini_batch_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"

@@ -82,8 +82,8 @@ ANSWER_LENGTH = Gauge(
 )
 ALARM_THRESHOLD = Gauge(
     "ragr1_trainer_alarm_threshold",
-    "Threshold of each training-health alarm that is on (the trainer's settings); the alert rules compare "
-    "against it.",
+    "Threshold of each alarm that is on (the trainer's settings: the training-health alarms and "
+    "prompts_stranded); the alert rules compare against it.",
     ["alarm"],
 )
 HEALTH_ALARMS = Counter(
@@ -125,4 +125,9 @@ PROMPTS_BACKLOG = Gauge(
 )
 PROMPT_HOLDERS = Gauge(
     "ragr1_trainer_prompt_holders", "Rollout workers holding at least one prompt in progress."
+)
+PROMPTS_STRANDED = Gauge(
+    "ragr1_trainer_prompts_stranded_seconds",
+    "How long prompts have waited or been in progress while no policy replica takes prompts (none reports "
+    "serving or loading: none there, or all starting or refused); 0 while one does, or no prompt is left.",
 )

@@ -46,6 +46,43 @@ def export_backlog(backlog: Backlog) -> None:
     metrics.PROMPT_HOLDERS.set(backlog.holders)
 
 
+class StrandedAlarm:
+    """The prompts-stranded alarm: prompts waiting or in progress while no policy replica takes prompts (none
+    reports serving or loading) for ``threshold`` seconds (0: off). A fleet scaled up from zero has no replica
+    taking prompts until one has started and loaded the weights, so the threshold is longer than that; replicas
+    that all refused the weights or never get past their start take none either. Exports how long it has lasted
+    and the threshold (the alert rule compares them), and logs a warning when it crosses the threshold."""
+
+    name = "prompts_stranded"
+
+    def __init__(self, threshold: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = threshold
+        self.clock = clock
+        self._since: float | None = None
+        self._warned = False
+        if threshold > 0:
+            metrics.ALARM_THRESHOLD.labels(self.name).set(threshold)
+
+    def observe(self, backlog: Backlog, reports: list[fleet.ReplicaReport]) -> float:
+        """How long the prompts have been stranded, as of now (0 when they are not)."""
+        left = backlog.waiting + backlog.in_progress
+        if not left or any(r.generating for r in reports):
+            self._since, self._warned = None, False
+            metrics.PROMPTS_STRANDED.set(0)
+            return 0.0
+        now = self.clock()
+        if self._since is None:
+            self._since = now
+        seconds = now - self._since
+        metrics.PROMPTS_STRANDED.set(seconds)
+        if self.threshold > 0 and seconds >= self.threshold and not self._warned:
+            self._warned = True
+            fleet_said = "; ".join(r.describe() for r in reports) or "no replica reports"
+            log.warning("%d prompts have waited or been in progress for %.0f s while no policy replica takes "
+                        "prompts (%s): training waits for rollouts nobody makes", left, seconds, fleet_said)
+        return seconds
+
+
 def _follows(replica: fleet.ReplicaReport, version: int) -> bool:
     """Whether the replica serves ``version`` or a newer one. The starting weights are version 0 as a replica's
     own model is, so at equal versions a replica still loading or refusing that version does not."""

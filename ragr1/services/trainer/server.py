@@ -9,13 +9,14 @@ from pathlib import Path
 
 from ragr1 import shipped
 from ragr1.model_paths import policy_checkpoint
+from ragr1.services.common import fleet
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.data import load_tasks
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus, Updater
 from ragr1.services.trainer.model import init_torch, training_device
-from ragr1.services.trainer.publisher import PublishError, WeightPublisher, export_backlog
+from ragr1.services.trainer.publisher import PublishError, StrandedAlarm, WeightPublisher, export_backlog
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
@@ -80,12 +81,16 @@ async def build_server(config: PPOConfig) -> GrpcServer:
     # On SIGTERM the update in hand finishes and is checkpointed and announced: it can take minutes.
     server.beside(train, "the training loop", stop=loop.stop_event.set)
 
+    stranded = StrandedAlarm(config.prompts_stranded_seconds)
+
     async def watch_backlog() -> None:
-        """The fleet's autoscaler reads these gauges: kept fresh beside the loop, which holds no Redis
-        conversation during an update that can take minutes."""
+        """The fleet's autoscaler and the stranded-prompts alarm read these gauges: kept fresh beside the loop,
+        which holds no Redis conversation during an update that can take minutes."""
         while True:
             try:
-                export_backlog(await asyncio.to_thread(loop.workers.backlog))
+                backlog = await asyncio.to_thread(loop.workers.backlog)
+                export_backlog(backlog)
+                stranded.observe(backlog, await asyncio.to_thread(fleet.replicas, loop.workers.redis))
             except Exception as exc:  # Redis down: the gauges keep their last values meanwhile
                 log.warning("reading the prompts backlog failed: %s: %s", type(exc).__name__, exc)
             await asyncio.sleep(config.fleet_poll_seconds)

@@ -245,6 +245,8 @@ affinity:
 - --max-updates
 - "0"
 {{- with .Values.trainer.alarms }}
+- --prompts-stranded-seconds
+- {{ .promptsStrandedSeconds | quote }}
 - --likelihood-falling-updates
 - {{ .likelihoodFallingUpdates | quote }}
 - --entropy-floor
@@ -304,4 +306,11 @@ so that the % it gives starts no second escape. */}}
 {{- $out = replace $esc (printf "%c" (int (printf "0x%s" (trimPrefix "%" $esc)))) $out -}}
 {{- end -}}
 {{- $out -}}
+{{- end -}}
+
+{{/* Whether the release is scraped by the Prometheus operator (a ServiceMonitor and the alert rules): asked for
+(metrics.serviceMonitor.enabled), or needed by the KEDA autoscaler, whose triggers read the trainer's series
+as that Prometheus labels them. */}}
+{{- define "ragr1.monitored" -}}
+{{- if or .Values.metrics.serviceMonitor.enabled .Values.policy.autoscaling.enabled -}}true{{- end -}}
 {{- end -}}
