@@ -18,7 +18,7 @@ from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfi
 from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.rollouts import task_of
 from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutLoopSettings
-from ragr1.services.policy.streaming import StreamingRolloutWorker
+from ragr1.services.policy.streaming import EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
@@ -61,11 +61,13 @@ def async_policy(engine: ScriptedEngine, tokenizer: Any, model_dir: Path) -> Pol
 
 
 def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: StreamQueue[Any],
-                     rollouts: StreamQueue[Any], max_in_flight: int, grace_seconds: float = 0.0
-                     ) -> StreamingRolloutWorker:
+                     rollouts: StreamQueue[Any], max_in_flight: int, grace_seconds: float = 0.0,
+                     keep_full: bool = False) -> StreamingRolloutWorker:
     return StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
                                   batch=8, block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                                  grace_seconds=grace_seconds, max_in_flight=max_in_flight)
+                                  grace_seconds=grace_seconds,
+                                  max_in_flight=EngineBatch(lambda tokens: max_in_flight, 1, 1) if keep_full
+                                  else max_in_flight)
 
 
 def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], count: int) -> list[str]:
@@ -197,6 +199,50 @@ def test_a_group_waits_for_room_for_all_its_samples_and_one_larger_than_the_room
     order = produced_order(worker, rollouts, 6)
     assert order == ["slow", "pair", "pair", "three", "three", "three"]
     assert engine.peak == 3
+
+
+def test_kept_full_a_group_starts_while_fewer_than_the_engines_batch_run(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """The default (max_in_flight 0): a batch of two kept full. Beside the slow prompt (one running) the pair starts
+    at once, three running; the group of three waits until fewer than two run (the pair has ended), then starts
+    beside the slow one: the engine never holds fewer than its batch while prompts wait."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("pair", "Fast one?", 2), task("three", "Fast two?", 3)])
+    engine = TimedEngine(tokenizer)
+    worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 2,
+                              keep_full=True)
+    order = produced_order(worker, rollouts, 6)
+    assert order == ["pair", "pair", "three", "three", "three", "slow"]
+    assert engine.peak == 4
+
+
+class UnevenEngine(TimedEngine):
+    """The first sample of a question to arrive is fast, the others slow: a group whose members end apart."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.seen: dict[str, int] = {}
+
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling,
+                       stop: Sequence[str]) -> list[Generation]:
+        (request,) = requests
+        question = next(q for q in SCRIPT if q in self.tokenizer.decode(request.prompt_ids))
+        self.seen[question] = self.seen.get(question, 0) + 1
+        await asyncio.sleep(0.05 if self.seen[question] == 1 else 0.6)
+        return await ScriptedEngine.generate(self, requests, sampling, stop)
+
+
+def test_a_sample_that_ended_frees_its_place_before_its_group_ends(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for two, taken by a pair whose first sample ends long before the second: the next prompt starts in the
+    place the first sample left and is done before the pair, whose rollouts wait for its slow member."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("pair", "Fast one?", 2), task("next", "Fast two?")])
+    worker = streaming_worker(async_policy(UnevenEngine(tokenizer), tokenizer, policy_model_dir), reward_server,
+                              prompts, rollouts, 2)
+    assert produced_order(worker, rollouts, 3) == ["next", "pair", "pair"]
 
 
 def test_weights_unknown_after_a_failed_load_refuse_an_async_rollout_as_a_lock_step_one(

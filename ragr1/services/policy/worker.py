@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.streams import Delivery, StreamQueue
 from ragr1.services.policy import metrics
-from ragr1.services.policy.agent import Sampling, TrajectoryStatus
+from ragr1.services.policy.agent import Sampling, Trajectory, TrajectoryStatus
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
 from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
@@ -162,10 +162,12 @@ class RolloutWorker:
             size += samples
         return chunks
 
-    async def _run(self, deliveries: Sequence[PromptDelivery]) -> None:
+    async def _run(self, deliveries: Sequence[PromptDelivery],
+                   on_end: Callable[[Trajectory | None], None] | None = None) -> None:
+        """``on_end``: called with each trajectory as it ends (the async loop's), before the batch is scored."""
         tasks = expand([d.message for d in deliveries], self.policy.limits.max_batch)
         try:
-            trajectories = await self.policy.rollout([task_of(t) for t in tasks], self.sampling)
+            trajectories = await self.policy.rollout([task_of(t) for t in tasks], self.sampling, on_end=on_end)
         except Exception:
             log.exception("rollout of %d prompts failed; they are handed back to the other workers", len(deliveries))
             metrics.WORKER_BATCHES.labels("failed").inc()
