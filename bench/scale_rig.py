@@ -735,7 +735,8 @@ def run_one(args: argparse.Namespace, services_: Services, root: Path, tokenizer
     ceiling_rate = natural / slowdown
     spec = RunSpec(
         replicas=replicas, max_num_seqs=size, max_in_flight=args.max_in_flight,
-        replicas_per_process=args.replicas_per_process, samples=args.samples, batch_size=batch_size,
+        replicas_per_process=args.replicas_per_process or math.ceil(replicas / args.worker_processes),
+        samples=args.samples, batch_size=batch_size,
         max_staleness=1, ppo_seconds=args.ppo_share * batch_size / ceiling_rate,
         weight_load_seconds=args.weight_load_seconds * slowdown, search_delay_seconds=args.search_ms / 1000 * slowdown,
         latency=dataclasses.asdict(model), workload=dataclasses.asdict(work), kv_cache_tokens=args.kv_cache_tokens,
@@ -748,7 +749,8 @@ def run_one(args: argparse.Namespace, services_: Services, root: Path, tokenizer
     spec_file.write_text(json.dumps(dataclasses.asdict(spec), indent=1))
     lifetime = expected_lifetime(spec, batch)
     setting = args.max_in_flight or "0: the engine batch"
-    print(f"\n== {replicas} replicas x engine batch {size} (max_in_flight {setting}):"
+    print(f"\n== {replicas} replicas x engine batch {size} (max_in_flight {setting}), {spec.replicas_per_process} "
+          f"per worker process:"
           f" slowdown x{slowdown:.2f} (natural ceiling {natural:.1f} trajectories/s), simulated ceiling "
           f"{ceiling_rate:.2f} trajectories/s, a trajectory ~{lifetime:.0f} s at a full batch; PPO step (simulated) "
           f"{spec.ppo_seconds:.1f} s per {batch_size} rollouts; weight load (simulated) "
@@ -825,6 +827,8 @@ def commit() -> str:
 
 def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Stopped, the run's processes and files go as on Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"commit {commit()}, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f}; engines and PPO step SIMULATED (bench/simulated.py)")
     results = []
@@ -870,7 +874,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256], help="each engine's max_num_seqs")
     p.add_argument("--max-in-flight", type=int, default=0, help="the workers' setting (0: the product's default)")
-    p.add_argument("--replicas-per-process", type=int, default=1)
+    p.add_argument("--worker-processes", type=int, default=4,
+                   help="worker processes at most, the replicas shared among them (a cluster runs one per replica; "
+                   "this machine's memory holds a few)")
+    p.add_argument("--replicas-per-process", type=int, default=0, help="instead of --worker-processes")
     p.add_argument("--rate", type=float, default=12.0,
                    help="the fleet's simulated ceiling, trajectories/s, that the slowdown brings it to (at most)")
     p.add_argument("--slowdown", type=float, default=0.0, help="a fixed slowdown instead of --rate")
