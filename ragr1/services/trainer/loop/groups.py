@@ -132,8 +132,9 @@ class GroupBuffer:
         for _, d in taken:
             self._ids.discard(d.message.id)
         self._complete.discard(key)
-        if rest:
+        if rest:  # members past the group's size: a group of their own now, placed by its first one
             self._groups[key] = rest
+            self._first[key] = rest[0][0]
             self._oldest[key] = min(d.message.policy_version for _, d in rest)
             self._check_complete(key)
         else:
