@@ -128,7 +128,17 @@ class RunSpec:
             "max_turns": self.max_turns, "max_tokens_per_turn": self.max_tokens_per_turn,
             "tokens_per_query": self.tokens_per_query, "max_model_len": self.max_model_len, "model": self.model_dir,
             "grace_seconds": 5.0,
+            # Slowed with the engines: a prompt in progress longer than this is taken for abandoned.
+            "reclaim_idle_ms": round(policy_default("reclaim_idle_ms") * self.model.slowdown),
         }
+
+
+def policy_default(name: str) -> Any:
+    """A setting's default in the policy's config (the rig scales some with its slowdown)."""
+    from ragr1.services.policy.config import PolicyConfig
+
+    (field,) = [f for f in dataclasses.fields(PolicyConfig) if f.name == name]
+    return field.default
 
 
 class LatencyHistogram:
@@ -551,15 +561,16 @@ class Rig:
         }
         return out
 
+    def __post_init__(self) -> None:
+        # One connection for the rig's own reads (a new one per read would add its HELLO to the counts).
+        self.client = self.services.redis.client()
+
     def snapshot(self) -> dict[str, Any]:
-        client = self.services.redis.client()
-        try:
-            commands = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
-            stats = client.info("stats")
-            rollouts = _added(client, "rollouts")
-            waiting = _waiting(client)
-        finally:
-            client.close()
+        client = self.client
+        commands = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+        stats = client.info("stats")
+        rollouts = _added(client, "rollouts")
+        waiting = _waiting(client)
         workers = [json.loads(p.read_text()) for p in sorted(Path(self.spec.run_dir).glob("worker-*.json"))]
         steps = Path(self.spec.run_dir) / "trainer" / "steps.jsonl"
         records = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
@@ -573,11 +584,7 @@ class Rig:
         }
 
     def rollouts(self) -> int:
-        client = self.services.redis.client()
-        try:
-            return _added(client, "rollouts")
-        finally:
-            client.close()
+        return _added(self.client, "rollouts")
 
 
 def _added(client: Any, stream: str) -> int:
@@ -791,6 +798,7 @@ def run_one(args: argparse.Namespace, services_: Services, root: Path, tokenizer
     finally:
         for p in [*([rig.trainer] if rig.trainer else []), *workers]:
             p.stop(timeout=20)
+        rig.client.close()
 
 
 ROLES = ("worker", "router", "shards", "reward", "trainer intake", "redis")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from ragr1.protocol.information import Passage
 from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, StreamQueue
@@ -215,6 +216,29 @@ def test_kept_full_a_group_starts_while_fewer_than_the_engines_batch_run(
     order = produced_order(worker, rollouts, 6)
     assert order == ["pair", "pair", "three", "three", "three", "slow"]
     assert engine.peak == 4
+
+
+class SlowSearch(ScriptedSearch):
+    async def search(self, queries: Sequence[str], groups: Sequence[int]) -> list[list[Passage]]:
+        await asyncio.sleep(1.0)
+        return await super().search(queries, groups)
+
+
+def test_kept_full_a_trajectory_waiting_on_a_search_leaves_its_place_in_the_batch_to_another(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """A batch of one: while the slow prompt's trajectory waits a second on its search, the engine's one place is
+    free, and the fast prompts run in it one after the other (never more than twice the batch running); each is
+    done before the slow one."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("f1", "Fast one?"), task("f2", "Fast two?")])
+    engine = TimedEngine(tokenizer)
+    policy = Policy(engine, tokenizer, SlowSearch(), LoopConfig(), model_dir=policy_model_dir,
+                    default_sampling=Sampling(), limits=RolloutLimits(max_batch=8),
+                    schedule=RolloutLoopSettings(rollout_loop=ASYNC))
+    worker = streaming_worker(policy, reward_server, prompts, rollouts, 1, keep_full=True)
+    assert produced_order(worker, rollouts, 3) == ["f1", "f2", "slow"]
+    assert engine.peak == 1
 
 
 class UnevenEngine(TimedEngine):

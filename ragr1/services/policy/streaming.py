@@ -38,9 +38,9 @@ class StreamingSettings(Validated):
     # must stay short.
     max_in_flight: int = setting(
         0, "rollout_loop async: trajectories a rollout worker keeps running at once; 0: as many as its engine "
-        "runs at once (max_num_seqs, or the trajectories its KV cache holds at the length they reach when fewer), "
-        "a group of num_samples starting while fewer run; N: at most N (a group starts when it fits; one larger "
-        "runs alone)"
+        "runs at once (max_num_seqs, or the trajectories its KV cache holds at the length they reach when fewer) "
+        "besides those waiting on a search, a group of num_samples starting while fewer run, twice that at most; "
+        "N: at most N (a group starts when it fits; one larger runs alone)"
     )
 
     def validate(self) -> None:
@@ -81,9 +81,9 @@ class EngineBatch:
 
 class StreamingRolloutWorker(RolloutWorker):
     """``max_in_flight``: a number is a hard cap on running trajectories (a group starts only when all its samples
-    fit); an ``EngineBatch`` is the engine's batch kept full (a group starts while fewer than it run). Running
-    trajectories are those started and not ended: the finished samples of a group waiting for its last one free
-    their place at once."""
+    fit); an ``EngineBatch`` is the engine's batch kept full (a group starts while fewer than it run, not counting
+    those waiting on a search, up to twice the batch in all). Running trajectories are those started and not
+    ended: the finished samples of a group waiting for its last one free their place at once."""
 
     def __init__(self, *args: Any, max_in_flight: int | EngineBatch, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -91,8 +91,11 @@ class StreamingRolloutWorker(RolloutWorker):
         # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
         self._running = 0
-        # Set whenever a trajectory or a group ends: room may have come free.
+        # Set whenever a trajectory or a group ends, or trajectories start waiting on a search: room may have come
+        # free.
         self._freed = asyncio.Event()
+        if isinstance(self.limit, EngineBatch):
+            self.policy.loop.on_search = self._freed.set
 
     @property
     def max_in_flight(self) -> int:
@@ -107,7 +110,12 @@ class StreamingRolloutWorker(RolloutWorker):
             return True
         if isinstance(self.limit, int):
             return self._running + samples <= self.limit
-        return self._running < self.limit.size
+        # Kept full: the trajectories waiting on a search hold no place in the engine's batch meanwhile, so others
+        # start in theirs; never more than twice the batch in all, so that a retriever that stalls does not
+        # make the worker take prompts without end.
+        batch = self.limit.size
+        searching = min(self._running, self.policy.loop.searching)
+        return self._running - searching < batch and self._running < 2 * batch
 
     async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         try:
