@@ -334,9 +334,11 @@ async def serve_replicas(spec: RunSpec, names: Sequence[str], stats_path: Path, 
 
 @dataclasses.dataclass
 class Fill:
-    """One replica, sampled while prompts waited for a worker and its weights were not being changed (the
-    version fence holds new trajectories back then, by design): how often, the places of its engine's batch
-    that no trajectory of its worker held (summed over the samples), and how often its engine held no request."""
+    """One replica, sampled while prompts waited for a worker, its weights were not being changed (the version
+    fence holds new trajectories back then, by design) and its worker held fewer than twice its engine's batch
+    (at that bound every further trajectory would wait on the retriever: the engine's idleness is the
+    retriever's): how often, the places of its engine's batch that no trajectory of its worker held outside a
+    search (summed over the samples), and how often its engine held no request."""
 
     batch: int
     waited: int = 0
@@ -381,10 +383,11 @@ async def measure_fill(spec: RunSpec, tokenizer: Any, seconds: float, period: fl
         while time.monotonic() < end:
             waiting = await asyncio.to_thread(prompts_waiting, client)
             for r in fleet.replicas:
-                if waiting and r.policy.gate._open.is_set():
-                    fill = fills[r.name]
+                fill = fills[r.name]
+                running = r.worker.in_flight
+                if waiting and r.policy.gate._open.is_set() and running < 2 * fill.batch:
                     fill.waited += 1
-                    fill.short += max(0, fill.batch - r.worker.in_flight)
+                    fill.short += max(0, fill.batch - (running - min(running, r.policy.loop.searching)))
                     fill.idle += r.engine.running == 0
             await asyncio.sleep(period)
     finally:

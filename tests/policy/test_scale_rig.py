@@ -2,8 +2,9 @@
 wires it beside a simulated engine (bench/simulated.py), with the session's real retriever, reward server and
 Redis, and the trainer's consuming side (admission, groups) admitting prompts. While prompts wait for a worker,
 no engine may be left idle, nor below its batch for want of trajectories its worker could have started: the
-product's default keeps the engine's batch running. The same run with the worker capped under the batch shows
-that the check finds an engine kept part-empty."""
+product's default keeps the engine's batch running besides the trajectories waiting on a search (up to twice the
+batch). The same run with the worker capped under the batch shows that the check finds an engine kept
+part-empty."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer
 
 BATCH = 6
-# A worker refills its engine at each trajectory's end, after one prompt taken from Redis; under a quarter of the
-# batch empty on average leaves room for those round trips on a busy machine, and is far below what a worker
-# capped under its batch leaves (two thirds here, seven eighths at the old constant of 8 beside a batch of 64).
+# A worker refills its engine at each trajectory's end or search, after one prompt taken from Redis; under a
+# quarter of the batch empty on average leaves room for those round trips on a busy machine, and is far below what
+# a worker capped under its batch leaves (two thirds here, seven eighths at the old constant of 8 beside a batch
+# of 64).
 MOST_SHORT = 0.25
-# An engine runs dry only if every trajectory of its batch is between two turns at once.
+# An engine runs dry only if every trajectory of its batch is between two turns (parsing, tokenising) at once.
 MOST_IDLE = 0.1
 
 
@@ -34,8 +36,9 @@ def spec(tmp_path: Path, redis_server: RedisServer, retriever: ServiceProcess, r
         replicas=2, max_num_seqs=BATCH, max_in_flight=max_in_flight, replicas_per_process=2, samples=2,
         # Rollouts per update far beyond what the run makes: no weight update (and its fence) in the window.
         batch_size=400, max_staleness=1, ppo_seconds=0.1, weight_load_seconds=0.1, search_delay_seconds=0.0,
-        latency=dataclasses.asdict(LatencyModel("test engine", base_ms=5.0, per_seq_ms=0.5)),
-        workload=dataclasses.asdict(Workload(tokens_per_turn=30)), kv_cache_tokens=0, max_turns=3,
+        # Turns of about a second: longer than a search on a busy machine, as on a GPU.
+        latency=dataclasses.asdict(LatencyModel("test engine", base_ms=20.0, per_seq_ms=1.0)),
+        workload=dataclasses.asdict(Workload(tokens_per_turn=40)), kv_cache_tokens=0, max_turns=3,
         max_tokens_per_turn=64, tokens_per_query=64, max_model_len=2048, redis_url=redis_server.url,
         router=retriever.target or "", reward=reward.target or "", model_dir=str(model),
         tokenizer_dir="", run_dir=str(tmp_path), seed=7,
