@@ -35,6 +35,10 @@ class StackConfig(Validated):
     reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's) or f1 "
                           "(token F1: partial credit, a denser signal for small models)")
     kv_cache_gib: int = same_as(PolicyConfig, "kv_cache_gib")
+    # The engine's batch and how many trajectories each replica's worker keeps going (0: that batch, as many as
+    # the KV cache above holds): said here so that `ragr1 up` states what every replica runs.
+    max_num_seqs: int = same_as(PolicyConfig, "max_num_seqs")
+    max_in_flight: int = same_as(PolicyConfig, "max_in_flight")
     trainer_threads: int = setting(
         0, "PPO trainer: torch threads; 0: half the cores (the policy's vLLM engine computes on the others)"
     )

@@ -37,6 +37,7 @@ GROUPS = {
         "tests/policy/test_retrieval.py",
         "tests/policy/test_streaming.py",
         "tests/policy/test_worker.py",
+        "tests/policy/test_scale_rig.py",
     ),
 }
 _GROUP_OF = {module: group for group, modules in GROUPS.items() for module in modules}

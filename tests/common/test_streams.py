@@ -310,3 +310,27 @@ def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_sto
     assert f"b took over 1 entries from a, idle for {threshold_ms} ms or more" in caplog.text
     assert a.renew([work.entry_id]) == 0
     assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", "-", "+", 10)] == [b"b"]
+def test_a_reclaim_that_finds_nothing_idle_is_one_round_trip_however_much_is_in_progress(
+    redis_client: redis.Redis,
+) -> None:
+    """A rollout worker looks for abandoned prompts before each one it takes: with a large fleet, a thousand
+    prompts in progress, that look must not grow with them (XAUTOCLAIM would scan ten per round trip)."""
+    producer = StreamQueue(redis_client, "jobs", common_pb2.PromptTask, group="g")
+    producer.ensure_group()
+    producer.produce([common_pb2.PromptTask(id=f"t{i}", question="q") for i in range(1000)])
+    busy = StreamQueue(redis_client, "jobs", common_pb2.PromptTask, group="g", consumer="busy")
+    assert len(busy.consume(1000)) == 1000
+    looker = StreamQueue(redis_client, "jobs", common_pb2.PromptTask, group="g", consumer="looker")
+    assert looker.reclaim(min_idle_ms=600_000, count=1) == []  # the script loaded into Redis
+    redis_client.config_resetstat()
+    assert looker.reclaim(min_idle_ms=600_000, count=1) == []
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in redis_client.info("commandstats").items()}
+    calls.pop("config|resetstat", None)
+    # One round trip (the reclaim script), in which one XPENDING finds nothing idle among the thousand.
+    assert calls == {"evalsha": 1, "xpending": 1}, calls
+    # One handed back (the last one: behind 999 in progress) is taken at the next look, its deliveries counted
+    # as before.
+    entry = redis_client.xpending_range("jobs", "g", min="-", max="+", count=1000)[-1]["message_id"].decode()
+    busy.hand_back([entry], leave=False)
+    taken = looker.reclaim(min_idle_ms=600_000, count=1)
+    assert [(d.entry_id, d.message.id, d.deliveries) for d in taken] == [(entry, "t999", 1)]

@@ -397,7 +397,10 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"trainer": {"alarms": {"klceiling": 1}}}, "additional properties 'klceiling' not allowed"),
         ({"policy": {"autoscaling": {"enabled": "yes"}}}, "at '/policy/autoscaling/enabled': got string, want boolean"),
         ({"policy": {"autoscaling": {"maxReplicas": 0}}}, "at '/policy/autoscaling/maxReplicas': minimum"),
-        ({"policy": {"autoscaling": {"promptsPerReplica": 0}}}, "at '/policy/autoscaling/promptsPerReplica': minimum"),
+        ({"policy": {"autoscaling": {"promptsPerReplica": -1}}}, "at '/policy/autoscaling/promptsPerReplica': minimum"),
+        ({"policy": {"maxNumSeqs": 0}}, "at '/policy/maxNumSeqs': minimum"),
+        ({"policy": {"maxInFlight": -1}}, "at '/policy/maxInFlight': minimum"),
+        ({"policy": {"maxInFlight": "auto"}}, "at '/policy/maxInFlight': got string, want integer"),
         ({"policy": {"autoscaling": {"max": 4}}}, "additional properties 'max' not allowed"),
         ({"networkPolicy": {"prometheus": {"pods": {}}}}, "additional properties 'pods' not allowed"),
     ]:

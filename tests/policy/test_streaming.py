@@ -12,6 +12,7 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
+from ragr1.protocol.information import Passage
 from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, StreamQueue
@@ -19,7 +20,7 @@ from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfi
 from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.rollouts import task_of
 from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutLoopSettings
-from ragr1.services.policy.streaming import StreamingRolloutWorker
+from ragr1.services.policy.streaming import EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
 from tests.common.waiting import wait_for
@@ -63,11 +64,13 @@ def async_policy(engine: ScriptedEngine, tokenizer: Any, model_dir: Path) -> Pol
 
 
 def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: StreamQueue[Any],
-                     rollouts: StreamQueue[Any], max_in_flight: int, grace_seconds: float = 0.0
-                     ) -> StreamingRolloutWorker:
+                     rollouts: StreamQueue[Any], max_in_flight: int, grace_seconds: float = 0.0,
+                     keep_full: bool = False) -> StreamingRolloutWorker:
     return StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
                                   batch=8, block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                                  grace_seconds=grace_seconds, max_in_flight=max_in_flight, **BACKOFF)
+                                  grace_seconds=grace_seconds,
+                                  max_in_flight=EngineBatch(lambda tokens: max_in_flight, 1, 1) if keep_full
+                                  else max_in_flight, **BACKOFF)
 
 
 def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], count: int) -> list[str]:
@@ -205,6 +208,73 @@ def test_a_group_waits_for_room_for_all_its_samples_and_one_larger_than_the_room
     order = produced_order(worker, rollouts, 6)
     assert order == ["slow", "pair", "pair", "three", "three", "three"]
     assert engine.peak == 3
+
+
+def test_kept_full_a_group_starts_while_fewer_than_the_engines_batch_run(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """The default (max_in_flight 0): a batch of two kept full. Beside the slow prompt (one running) the pair starts
+    at once, three running; the group of three waits until fewer than two run (the pair has ended), then starts
+    beside the slow one: the engine never holds fewer than its batch while prompts wait."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("pair", "Fast one?", 2), task("three", "Fast two?", 3)])
+    engine = TimedEngine(tokenizer)
+    worker = streaming_worker(async_policy(engine, tokenizer, policy_model_dir), reward_server, prompts, rollouts, 2,
+                              keep_full=True)
+    order = produced_order(worker, rollouts, 6)
+    assert order == ["pair", "pair", "three", "three", "three", "slow"]
+    assert engine.peak == 4
+
+
+class SlowSearch(ScriptedSearch):
+    async def search(self, queries: Sequence[str], groups: Sequence[int]) -> list[list[Passage]]:
+        await asyncio.sleep(1.0)
+        return await super().search(queries, groups)
+
+
+def test_kept_full_a_trajectory_waiting_on_a_search_leaves_its_place_in_the_batch_to_another(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """A batch of one: while the slow prompt's trajectory waits a second on its search, the engine's one place is
+    free, and the fast prompts run in it one after the other (never more than twice the batch running); each is
+    done before the slow one."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("slow", "Slow one?"), task("f1", "Fast one?"), task("f2", "Fast two?")])
+    engine = TimedEngine(tokenizer)
+    policy = Policy(engine, tokenizer, SlowSearch(), LoopConfig(), model_dir=policy_model_dir,
+                    default_sampling=Sampling(), limits=RolloutLimits(max_batch=8),
+                    schedule=RolloutLoopSettings(rollout_loop=ASYNC))
+    worker = streaming_worker(policy, reward_server, prompts, rollouts, 1, keep_full=True)
+    assert produced_order(worker, rollouts, 3) == ["f1", "f2", "slow"]
+    assert engine.peak == 1
+
+
+class UnevenEngine(TimedEngine):
+    """The first sample of a question to arrive is fast, the others slow: a group whose members end apart."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.seen: dict[str, int] = {}
+
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling,
+                       stop: Sequence[str]) -> list[Generation]:
+        (request,) = requests
+        question = next(q for q in SCRIPT if q in self.tokenizer.decode(request.prompt_ids))
+        self.seen[question] = self.seen.get(question, 0) + 1
+        await asyncio.sleep(0.05 if self.seen[question] == 1 else 0.6)
+        return await ScriptedEngine.generate(self, requests, sampling, stop)
+
+
+def test_a_sample_that_ended_frees_its_place_before_its_group_ends(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for two, taken by a pair whose first sample ends long before the second: the next prompt starts in the
+    place the first sample left and is done before the pair, whose rollouts wait for its slow member."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("pair", "Fast one?", 2), task("next", "Fast two?")])
+    worker = streaming_worker(async_policy(UnevenEngine(tokenizer), tokenizer, policy_model_dir), reward_server,
+                              prompts, rollouts, 2)
+    assert produced_order(worker, rollouts, 3) == ["next", "pair", "pair"]
 
 
 def test_weights_unknown_after_a_failed_load_refuse_an_async_rollout_as_a_lock_step_one(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,3 +146,119 @@ def test_dynamic_sampling_is_off_by_default() -> None:
 )
 def test_has_spread_says_whether_a_group_scored_differently(scores: list[float], spread: bool) -> None:
     assert has_spread(scores) is spread
+
+
+class PlainBuffer:
+    """The buffer's rules written plainly, every look scanning every buffered rollout (what ``GroupBuffer`` did
+    before it kept each group's state as members arrive): the reference the incremental buffer must agree with."""
+
+    def __init__(self, config: PPOConfig, settle: Any) -> None:
+        self.config, self.settle, self.buffer, self.dropped, self.skipped = config, settle, [], {}, []
+
+    def group(self, rollout: Any) -> str:
+        return str(rollout.id) if self.config.samples_per_prompt <= 1 else str(rollout.group_id or rollout.task_id)
+
+    def reject(self, rollout: Any) -> None:
+        self.dropped.setdefault(self.group(rollout), "incomplete")
+
+    def admit(self, deliveries: Sequence[Delivery[Any]], trained: set[str]) -> None:
+        buffered = {d.message.id for d in self.buffer}
+        before, again = [], []
+        for d in deliveries:
+            if d.message.id in trained:
+                before.append(d)
+            elif d.message.id in buffered:
+                again.append(d)
+            else:
+                self.buffer.append(d)
+                buffered.add(d.message.id)
+        if before:
+            self.settle(before)
+        if again:
+            self.settle(again, count=False)
+
+    def drop(self, version: int) -> int:
+        for d in self.buffer:
+            if version - d.message.policy_version > self.config.max_staleness:
+                self.dropped.setdefault(self.group(d.message), "stale")
+        out: dict[str, list[Delivery[Any]]] = {"stale": [], "incomplete": []}
+        keep = []
+        for d in self.buffer:
+            reason = self.dropped.get(self.group(d.message))
+            (keep if reason is None else out[reason]).append(d)
+        self.buffer = keep
+        for members in out.values():
+            if members:
+                self.settle(members)
+        return len(out["stale"])
+
+    def complete(self) -> list[list[Delivery[Any]]]:
+        size = max(1, self.config.samples_per_prompt)
+        by: dict[str, list[Delivery[Any]]] = {}
+        for d in self.buffer:
+            by.setdefault(self.group(d.message), []).append(d)
+        return [members[:size] for members in by.values() if len(members) >= size]
+
+    def ready(self) -> int:
+        return sum(len(g) for g in self.complete())
+
+    def skip_uniform(self) -> None:
+        if self.config.samples_per_prompt <= 1:
+            return
+        for members in self.complete():
+            if len(self.skipped) >= self.config.max_uniform_groups:
+                return
+            scores = [d.message.reward.total for d in members]
+            if not has_spread(scores):
+                self.buffer = [d for d in self.buffer if all(d is not m for m in members)]
+                self.settle(members)
+                self.skipped.append(scores)
+
+    def take_batch(self) -> list[Delivery[Any]]:
+        batch = [d for g in self.complete() for d in g][: self.config.batch_size]
+        self.buffer = [d for d in self.buffer if all(d is not b for b in batch)]
+        return batch
+
+    def new_update(self) -> None:
+        self.skipped = []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_buffer_agrees_with_its_rules_written_plainly_on_random_traffic(seed: int) -> None:
+    """Random reads (members of nine groups, some stale, some again, some trained before), dead letters, new
+    versions, dynamic sampling and batches: the same settlements, batches, drops and buffer, look after look."""
+    rng = random.Random(seed)
+    samples = rng.choice([1, 2, 3, 5])
+    config = PPOConfig(batch_size=samples * rng.randint(1, 6), mini_batch_size=samples, samples_per_prompt=samples,
+                       max_staleness=rng.choice([0, 1, 2]), max_uniform_groups=rng.choice([0, 1, 3]) if samples > 1
+                       else 0)
+    plain_settled, settled = Settled(), Settled()
+    plain, buffer = PlainBuffer(config, plain_settled), GroupBuffer(config, settled)
+    version = 0
+    for _ in range(80):
+        op = rng.random()
+        if op < 0.6:
+            reads = [deliver(f"g{g}/{rng.randint(0, samples)}", f"g{g}", max(0, version - rng.choice([0, 0, 1, 3])),
+                             float(rng.randint(0, 1))) for g in (rng.randint(0, 8) for _ in range(rng.randint(1, 4)))]
+            trained = {f"g{rng.randint(0, 8)}/0"} if rng.random() < 0.1 else set()
+            plain.admit(reads, trained)
+            buffer.admit(reads, trained)
+        elif op < 0.7:
+            rejected = make_rollout("dead", group=f"g{rng.randint(0, 8)}")
+            plain.reject(rejected)
+            buffer.reject(rejected)
+        elif op < 0.8:
+            version += 1
+        elif op < 0.9:
+            plain.skip_uniform()
+            buffer.skip_uniform()
+        elif plain.ready() >= config.batch_size:
+            assert ids(buffer.take_batch()) == ids(plain.take_batch())
+            plain.new_update()
+            buffer.new_update()
+        assert buffer.drop(version) == plain.drop(version)
+        assert buffer.ready() == plain.ready()
+        assert ids(buffer.buffered) == ids(plain.buffer)
+        assert [ids(g) for g in buffer.complete()] == [ids(g) for g in plain.complete()]
+        assert buffer.skipped == plain.skipped
+        assert settled.calls == plain_settled.calls

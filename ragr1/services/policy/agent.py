@@ -269,6 +269,10 @@ class AgentLoop:
         self.config = config
         self.information = InformationFormat(tokenizer, config.tokens_per_query)
         self._feedback_ids = self._encode(INVALID_ACTION_FEEDBACK)
+        # Trajectories waiting on a search call now (their places in the engine's batch are free meanwhile), and
+        # who wants to hear when more start waiting (a rollout worker that keeps the engine full).
+        self.searching = 0
+        self.on_search: Callable[[], None] | None = None
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -423,10 +427,16 @@ class AgentLoop:
         queries = [q[: cfg.max_query_chars] for _, action in searches for q in action.queries]
         groups = [i for i, (_, action) in enumerate(searches) for _ in action.queries]
         start = time.perf_counter()
+        self.searching += len(searches)
+        if self.on_search is not None:
+            self.on_search()
         try:
-            results = await asyncio.wait_for(
-                self.search.search(queries, groups), timeout=cfg.retrieval_timeout_seconds
-            )
+            try:
+                results = await asyncio.wait_for(
+                    self.search.search(queries, groups), timeout=cfg.retrieval_timeout_seconds
+                )
+            finally:
+                self.searching -= len(searches)
             if len(results) != len(queries):
                 raise ValueError(f"retriever returned {len(results)} results for {len(queries)} queries")
         except Exception as exc:  # any failure of the dependency ends these trajectories, never the batch

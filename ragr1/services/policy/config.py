@@ -71,6 +71,11 @@ class PolicyConfig(
         60.0, "a refused weight version is tried again after this long, until it or a later one loads"
     )
 
+    def trajectory_tokens(self) -> int:
+        """The most tokens one trajectory can hold (its prompt, ``max_turns`` full searches and the answer turn,
+        within ``max_model_len``): what the engine's KV cache must keep of each running trajectory."""
+        return min(self.max_model_len, self.context_needed(self.max_tokens_per_turn))
+
     def in_flight_policy(self) -> InFlight:
         try:
             return InFlight[self.in_flight.upper()]

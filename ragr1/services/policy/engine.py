@@ -114,6 +114,14 @@ class Occupancy:
         metrics.ENGINE_REQUESTS.set(self.requests)
 
 
+def batch_of(max_num_seqs: int, kv_cache_tokens: int, tokens_per_sequence: int) -> int:
+    """Sequences an engine runs at once: ``max_num_seqs``, or as many of ``tokens_per_sequence`` as its KV cache
+    holds whole when that is fewer (at least one; a cache of unknown size, 0, limits nothing)."""
+    if kv_cache_tokens <= 0:
+        return max_num_seqs
+    return max(1, min(max_num_seqs, kv_cache_tokens // max(1, tokens_per_sequence)))
+
+
 def to_generation(out: Any, first_token: float | None = None, seconds: float | None = None) -> Generation:
     """A vLLM ``CompletionOutput`` as a ``Generation``. vLLM ends a generation on a stop string
     (``stop_reason`` is the string), on the tokenizer's end-of-sequence token (``stop_reason`` None) or on
@@ -161,6 +169,19 @@ class VllmEngine:
         llm = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine for %s loaded in %.1f s", model, time.perf_counter() - start)
         return cls(llm, settings, model)
+
+    def kv_cache_tokens(self) -> int:
+        """The tokens vLLM's KV cache holds, as it reported them after its start (0 when it did not)."""
+        cache = self._llm.vllm_config.cache_config
+        tokens = getattr(cache, "kv_cache_size_tokens", None)
+        if tokens is None:  # older vLLM: blocks only, which is right for models of one attention type
+            tokens = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
+        return int(tokens)
+
+    def sequences_at_once(self, tokens_per_sequence: int) -> int:
+        """How many sequences of ``tokens_per_sequence`` the engine runs at once: its ``max_num_seqs``, or fewer
+        when its KV cache holds fewer of them whole (beyond that vLLM would preempt and recompute)."""
+        return batch_of(self.settings.max_num_seqs, self.kv_cache_tokens(), tokens_per_sequence)
 
     async def generate(
         self, requests: Sequence[GenerationRequest], sampling: Sampling, stop: Sequence[str]

@@ -74,6 +74,10 @@ ENGINE_REQUESTS = Gauge(
 ENGINE_CAPACITY = Gauge(
     "ragr1_policy_engine_max_num_seqs", "Sequences the engine batches at once (its max_num_seqs): occupancy's 1."
 )
+WORKER_MAX_IN_FLIGHT = Gauge(
+    "ragr1_policy_worker_max_in_flight",
+    "Trajectories the async rollout worker keeps running: its max_in_flight, or its engine's batch (0 there).",
+)
 ENGINE_IDLE = Counter(
     "ragr1_policy_engine_idle_seconds_total",
     "Seconds the engine held no request, counted when the next one arrives (rate() gives the idle fraction).",

@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -186,9 +186,13 @@ class Policy:
         return out
 
     # -- work -----------------------------------------------------------------------------------
-    async def rollout(self, tasks: Sequence[Task], sampling: Sampling) -> list[Trajectory]:
+    async def rollout(
+        self, tasks: Sequence[Task], sampling: Sampling, on_end: Callable[[Trajectory | None], None] | None = None
+    ) -> list[Trajectory]:
         """Runs the tasks to the end with the configured loop. Every trajectory holds the weights it started on
-        to its end (the version fence), so each carries the one version that generated it."""
+        to its end (the version fence), so each carries the one version that generated it. ``on_end``: called
+        with each trajectory of the async loop as it ends (None when it failed): a rollout worker counts the
+        trajectories it has running and the length they reach."""
         prompt_ids = self.prompt_ids(tasks)
         start = time.perf_counter()
         self._begin()
@@ -197,7 +201,7 @@ class Policy:
                 try:
                     async with asyncio.TaskGroup() as group:
                         running = [
-                            group.create_task(self._trajectory(task, sampling, k, ids))
+                            group.create_task(self._trajectory(task, sampling, k, ids, on_end))
                             for k, task, ids in zip(sample_indexes([t.id for t in tasks]), tasks, prompt_ids,
                                                     strict=True)
                         ]
@@ -221,16 +225,21 @@ class Policy:
     def _aborting(self) -> bool:
         return self.gate.abort_requested
 
-    async def _trajectory(self, task: Task, sampling: Sampling, position: int, prompt_ids: list[int]) -> Trajectory:
+    async def _trajectory(self, task: Task, sampling: Sampling, position: int, prompt_ids: list[int],
+                          on_end: Callable[[Trajectory | None], None] | None) -> Trajectory:
         metrics.TRAJECTORIES_IN_FLIGHT.inc()
+        trajectory: Trajectory | None = None
         try:
             async with self.gate.rollout() as version:
-                return await self.loop.run_one(
+                trajectory = await self.loop.run_one(
                     task, sampling, version=version, position=position, prompt_ids=prompt_ids,
                     should_abort=self._aborting,
                 )
+                return trajectory
         finally:
             metrics.TRAJECTORIES_IN_FLIGHT.dec()
+            if on_end is not None:
+                on_end(trajectory)
 
     async def generate(
         self, prompts: Sequence[str], sampling: Sampling, *, chat: bool

@@ -14,6 +14,7 @@ from ragr1.model_paths import policy_checkpoint
 from ragr1.protocol.prompts import Tokenizer
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
+from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import Sampling
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
@@ -21,7 +22,7 @@ from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import ASYNC, Policy
 from ragr1.services.policy.servicer import PolicyServicer
-from ragr1.services.policy.streaming import StreamingRolloutWorker
+from ragr1.services.policy.streaming import LENGTH_WINDOW, EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
@@ -58,12 +59,17 @@ def worker_name(config: PolicyConfig) -> str:
     return config.worker_name or f"{socket.gethostname()}-{os.getpid()}"
 
 
+class Batching(Protocol):
+    def sequences_at_once(self, tokens_per_sequence: int) -> int: ...
+
+
 def build_worker(
     config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
-    accepting: asyncio.Event | None = None,
+    accepting: asyncio.Event | None = None, *, engine: Batching,
 ) -> RolloutWorker:
     """The worker of a replica, for the policy's rollout loop: asked to stop, it finishes or hands back what it
-    holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``)."""
+    holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``). The async worker keeps as many
+    trajectories running as ``engine`` runs at once (``EngineBatch``), unless ``max_in_flight`` caps them."""
     prompts = StreamQueue(
         client,
         PROMPTS,
@@ -85,9 +91,16 @@ def build_worker(
         grace_seconds=config.grace_seconds,
     )
     if policy.rollout_loop == ASYNC:
-        return StreamingRolloutWorker(
-            policy, scorer, prompts, rollouts, Sampling.of(config), max_in_flight=config.max_in_flight, **common
+        limit: int | EngineBatch = config.max_in_flight or EngineBatch(
+            engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW)
+        worker = StreamingRolloutWorker(
+            policy, scorer, prompts, rollouts, Sampling.of(config), max_in_flight=limit, **common
         )
+        log.info("rollout worker %s keeps %s %d trajectories running (max_in_flight %d; max_num_seqs %d, "
+                 "trajectories of up to %d tokens)", name, "at most" if config.max_in_flight else "its engine's",
+                 worker.max_in_flight, config.max_in_flight, config.max_num_seqs, config.trajectory_tokens())
+        metrics.WORKER_MAX_IN_FLIGHT.set(worker.max_in_flight)
+        return worker
     return RolloutWorker(policy, scorer, prompts, rollouts, Sampling.of(config), **common)
 
 
@@ -129,7 +142,8 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         follower = WeightFollower(policy, client, name, heartbeat_seconds=config.heartbeat_seconds,
                                   checkpoint_wait_seconds=config.checkpoint_wait_seconds,
                                   retry_seconds=config.refusal_retry_seconds, set_serving=server.set_serving)
-        worker = build_worker(config, policy, scorer, client, name, follower.accepting)
+        worker = build_worker(config, policy, scorer, client, name, follower.accepting,
+                              engine=engine)
         stop_worker, stop_follower = asyncio.Event(), asyncio.Event()
         # Asked to stop, the worker finishes or hands back its batch within the grace period (``build_worker``).
         server.beside(lambda: worker.run(stop_worker), "the rollout worker", stop=stop_worker.set,

@@ -1,5 +1,5 @@
-"""The rollout worker with the async loop: up to ``max_in_flight`` trajectories going, a prompt taken as soon as
-its group fits.
+"""The rollout worker with the async loop: as many trajectories going as its engine batches (or up to an explicit
+``max_in_flight``), a prompt taken as soon as its group fits.
 
 Each prompt's group (its ``num_samples`` trajectories, each on its own: ``Policy.rollout`` with
 ``rollout_loop`` async) runs as its own task, and its rollouts are produced and its prompt acknowledged in
@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ragr1.services.common.config import Validated, check_at_least, setting
+from ragr1.services.policy import metrics
+from ragr1.services.policy.agent import Trajectory
 from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, _either
 
 log = logging.getLogger(__name__)
@@ -28,32 +32,91 @@ log = logging.getLogger(__name__)
 class StreamingSettings(Validated):
     """How many trajectories the async rollout worker keeps going (the policy's config is one)."""
 
-    # Enough to keep the engine's continuous batch full while some trajectories wait on the retriever, few
-    # enough that a weight update (which waits for them under 'finish') and a leave (which hands back what
-    # does not finish in the grace period) are not held up by a long queue.
+    # 0 follows the engine: vLLM batches max_num_seqs sequences (fewer when its KV cache holds fewer
+    # trajectories), and a worker that keeps fewer going leaves the rest of that batch, which the GPU computes
+    # anyway, empty. An explicit number is a hard cap, for a replica whose weight updates (which wait for the
+    # running trajectories under 'finish') or leaves (which hand back what does not finish in the grace period)
+    # must stay short.
     max_in_flight: int = setting(
-        8, "rollout_loop async: trajectories a rollout worker keeps running at once (a group of num_samples "
-        "starts when it fits; one larger than this runs alone)"
+        0, "rollout_loop async: trajectories a rollout worker keeps running at once; 0: as many as its engine "
+        "runs at once (max_num_seqs, or the trajectories its KV cache holds at the length they reach when fewer) "
+        "besides those waiting on a search, a group of num_samples starting while fewer run, twice that at most; "
+        "N: at most N (a group starts when it fits; one larger runs alone)"
     )
 
     def validate(self) -> None:
         super().validate()
-        check_at_least(self, (("max_in_flight", 1),))
+        check_at_least(self, (("max_in_flight", 0),))
+
+    def in_flight_limit(self, engine_batch: int) -> int:
+        """Trajectories the worker keeps running beside an engine that runs ``engine_batch`` at once."""
+        return self.max_in_flight or max(1, engine_batch)
+
+
+# How many of the trajectories that ended last give the length by which the engine's batch is counted.
+LENGTH_WINDOW = 256
+
+
+class EngineBatch:
+    """How many trajectories an engine runs at once: ``sequences_at_once(tokens)`` (the engine's: its
+    ``max_num_seqs``, or as many of that length as its KV cache holds when fewer). The length is at first the
+    longest a trajectory may reach (``longest``), then the mean final length of the last ``window`` that ended:
+    vLLM admits a request by the cache its context takes now, and the trajectories of a batch are at every stage
+    of theirs, so the worst case would leave most of the cache, and of the batch, unused."""
+
+    def __init__(self, sequences_at_once: Callable[[int], int], longest: int, window: int) -> None:
+        self._at_once = sequences_at_once
+        self.longest = longest
+        self._lengths: deque[int] = deque(maxlen=window)
+        self._total = 0
+        self.size = sequences_at_once(longest)
+
+    def ended(self, tokens: int) -> None:
+        """A trajectory ended holding ``tokens`` (prompt and response)."""
+        if len(self._lengths) == self._lengths.maxlen:
+            self._total -= self._lengths[0]
+        self._lengths.append(tokens)
+        self._total += tokens
+        self.size = self._at_once(min(self.longest, max(1, -(-self._total // len(self._lengths)))))
 
 
 class StreamingRolloutWorker(RolloutWorker):
-    def __init__(self, *args: Any, max_in_flight: int, **kwargs: Any) -> None:
+    """``max_in_flight``: a number is a hard cap on running trajectories (a group starts only when all its samples
+    fit); an ``EngineBatch`` is the engine's batch kept full (a group starts while fewer than it run, not counting
+    those waiting on a search, up to twice the batch in all). Running trajectories are those started and not
+    ended: the finished samples of a group waiting for its last one free their place at once."""
+
+    def __init__(self, *args: Any, max_in_flight: int | EngineBatch, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.max_in_flight = max_in_flight
-        # Each running group and its trajectories.
+        self.limit = max_in_flight
+        # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
+        self._running = 0
+        # Set whenever a trajectory or a group ends, or trajectories start waiting on a search: room may have come
+        # free.
+        self._freed = asyncio.Event()
+        if isinstance(self.limit, EngineBatch):
+            self.policy.loop.on_search = self._freed.set
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.limit if isinstance(self.limit, int) else self.limit.size
 
     @property
     def in_flight(self) -> int:
-        return sum(self._groups.values())
+        return self._running
 
     def _fits(self, samples: int) -> bool:
-        return not self._groups or self.in_flight + samples <= self.max_in_flight
+        if not self._groups:
+            return True
+        if isinstance(self.limit, int):
+            return self._running + samples <= self.limit
+        # Kept full: the trajectories waiting on a search hold no place in the engine's batch meanwhile, so others
+        # start in theirs; never more than twice the batch in all, so that a retriever that stalls does not
+        # make the worker take prompts without end.
+        batch = self.limit.size
+        searching = min(self._running, self.policy.loop.searching)
+        return self._running - searching < batch and self._running < 2 * batch
 
     async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         try:
@@ -74,7 +137,13 @@ class StreamingRolloutWorker(RolloutWorker):
                 await self._finish(list(self._groups))
 
     async def _one_ends(self, stopped: asyncio.Future[Any]) -> None:
-        await asyncio.wait([*self._groups, stopped], return_when=asyncio.FIRST_COMPLETED)
+        """Waits until a trajectory or a group ends (or the stop)."""
+        self._freed.clear()
+        freed = asyncio.ensure_future(self._freed.wait())
+        try:
+            await asyncio.wait([freed, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            freed.cancel()
 
     async def _take_one(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         """Takes one prompt and starts its group once it fits; hands it back unstarted if the stop comes first."""
@@ -88,10 +157,24 @@ class StreamingRolloutWorker(RolloutWorker):
                 continue
             group = asyncio.create_task(self._group(d))
             self._groups[group] = samples
+            self._running += samples
             group.add_done_callback(self._ended)
 
+    def _trajectory_ended(self, group: asyncio.Task[None] | None, trajectory: Trajectory | None) -> None:
+        if group is not None and self._groups.get(group, 0) > 0:
+            self._groups[group] -= 1
+            self._running -= 1
+            self._freed.set()
+        if trajectory is not None and isinstance(self.limit, EngineBatch):
+            size = self.limit.size
+            self.limit.ended(trajectory.length)
+            if self.limit.size != size:
+                metrics.WORKER_MAX_IN_FLIGHT.set(self.limit.size)
+
     def _ended(self, group: asyncio.Task[None]) -> None:
-        self._groups.pop(group, None)
+        self._running -= self._groups.pop(group, 0)
+        self._freed.set()
 
     async def _group(self, delivery: PromptDelivery) -> None:
-        await self._run_safely([delivery])
+        group = asyncio.current_task()
+        await self._run_safely([delivery], on_end=lambda trajectory: self._trajectory_ended(group, trajectory))

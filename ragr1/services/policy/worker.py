@@ -30,13 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.streams import Delivery, StreamQueue
 from ragr1.services.policy import metrics
-from ragr1.services.policy.agent import Sampling, TrajectoryStatus
+from ragr1.services.policy.agent import Sampling, Trajectory, TrajectoryStatus
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
 from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
@@ -219,11 +219,12 @@ class RolloutWorker:
             await self._run_safely(chunk)
         return len(deliveries)
 
-    async def _run_safely(self, deliveries: Sequence[PromptDelivery]) -> None:
+    async def _run_safely(self, deliveries: Sequence[PromptDelivery],
+                          on_end: Callable[[Trajectory | None], None] | None = None) -> None:
         """``_run``, and whatever of its prompts it left held when it raised (a fault of its own) handed back to
         be tried again: a prompt held and not worked on would keep its lease for good."""
         try:
-            await self._run(deliveries)
+            await self._run(deliveries, on_end)
         except Exception as exc:
             log.exception("the work on %d prompts failed", len(deliveries))
             await self._retry([d for d in deliveries if d.entry_id in self._held],
@@ -262,10 +263,12 @@ class RolloutWorker:
             size += samples
         return chunks
 
-    async def _run(self, deliveries: Sequence[PromptDelivery]) -> None:
+    async def _run(self, deliveries: Sequence[PromptDelivery],
+                   on_end: Callable[[Trajectory | None], None] | None = None) -> None:
+        """``on_end``: called with each trajectory as it ends (the async loop's), before the batch is scored."""
         tasks = expand([d.message for d in deliveries], self.policy.limits.max_batch)
         try:
-            trajectories = await self.policy.rollout([task_of(t) for t in tasks], self.sampling)
+            trajectories = await self.policy.rollout([task_of(t) for t in tasks], self.sampling, on_end=on_end)
         except Exception as exc:
             log.exception("rollout of %d prompts failed; they are handed back to be tried again", len(deliveries))
             metrics.WORKER_BATCHES.labels("failed").inc()

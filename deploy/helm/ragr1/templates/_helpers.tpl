@@ -314,3 +314,11 @@ as that Prometheus labels them. */}}
 {{- define "ragr1.monitored" -}}
 {{- if or .Values.metrics.serviceMonitor.enabled .Values.policy.autoscaling.enabled -}}true{{- end -}}
 {{- end -}}
+
+{{/* The prompts per policy replica KEDA aims at: policy.autoscaling.promptsPerReplica, or with 0 the trajectories
+one replica runs at once (policy.maxInFlight, or policy.maxNumSeqs, the engine's batch, when that is 0), so that
+no replica is started with less work than its engine batches. */}}
+{{- define "ragr1.promptsPerReplica" -}}
+{{- $p := .Values.policy -}}
+{{- $p.autoscaling.promptsPerReplica | int | default ($p.maxInFlight | int | default ($p.maxNumSeqs | int)) -}}
+{{- end -}}
