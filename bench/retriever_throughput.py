@@ -245,12 +245,12 @@ class Cluster:
 
 
 @contextmanager
-def retriever(index_dir: Path, logs: Path, *router_flags: str, shard_flags: Sequence[str] = ()) -> Iterator[Cluster]:
-    """Shard processes and a router over them. The query cache is off unless ``router_flags`` turn it
-    on: the question pool repeats, and hits would flatter the figures."""
+def shard_processes(index_dir: Path, logs: Path, shard_flags: Sequence[str] = ()) -> Iterator[list[dict[str, str]]]:
+    """The index's shard processes, one FAISS search thread each unless ``shard_flags`` say otherwise;
+    yields each one's READY line (its ``grpc`` address and ``metrics`` port)."""
     shards = LoadedManifest(index_dir).manifest.num_shards
     common = ["--index", str(index_dir), "--port", "0", "--metrics-port", "0"]
-    logs = logs / f"cluster-{time.monotonic_ns()}"  # logs of their own: READY lines are read from them
+    logs = logs / f"shards-{time.monotonic_ns()}"  # logs of their own: READY lines are read from them
     started = [
         ServiceProcess.ragr1(
             f"shard{i}",
@@ -261,21 +261,43 @@ def retriever(index_dir: Path, logs: Path, *router_flags: str, shard_flags: Sequ
         for i in range(shards)
     ]
     try:
-        shard_ready = [p.wait_ready(120, f"retriever-shard-{i}") for i, p in enumerate(started)]
-        targets = [r["grpc"] for r in shard_ready]
-        flags = ["--shards", ",".join(targets), "--http-port", "-1", "--query-cache-size", "0", *router_flags]
-        router = ServiceProcess.ragr1("router", ["serve", "retriever", *common, *flags], None, logs / "router.log")
-        started.append(router)
-        router.start()
+        yield [p.wait_ready(120, f"retriever-shard-{i}") for i, p in enumerate(started)]
+    finally:
+        for p in started:
+            p.stop()
+
+
+@contextmanager
+def router_process(
+    index_dir: Path, logs: Path, shards: Sequence[dict[str, str]], *router_flags: str,
+    command: Sequence[str] = (),
+) -> Iterator[Cluster]:
+    """A router over running shards, started by ``command`` (default ``ragr1 serve retriever``) with the
+    router's flags. The query cache is off unless ``router_flags`` turn it on: the question pool repeats,
+    and hits would flatter the figures."""
+    flags = [
+        "--index", str(index_dir), "--port", "0", "--metrics-port", "0",
+        "--shards", ",".join(r["grpc"] for r in shards), "--http-port", "-1", "--query-cache-size", "0",
+        *router_flags,
+    ]
+    log = logs / f"router-{time.monotonic_ns()}.log"
+    args = [*(command or [sys.executable, "-m", "ragr1", "serve", "retriever"]), *flags]
+    with ServiceProcess("router", args, None, log) as router:
         ready = router.wait_ready(60, "retriever")
         yield Cluster(
             str(router.target),
             f"http://127.0.0.1:{ready['metrics']}/metrics",
-            [f"http://127.0.0.1:{r['metrics']}/metrics" for r in shard_ready],
+            [f"http://127.0.0.1:{r['metrics']}/metrics" for r in shards],
         )
-    finally:
-        for p in started:
-            p.stop()
+
+
+@contextmanager
+def retriever(index_dir: Path, logs: Path, *router_flags: str, shard_flags: Sequence[str] = ()) -> Iterator[Cluster]:
+    """Shard processes and a router over them (``router_process``)."""
+    with shard_processes(index_dir, logs, shard_flags) as shards, router_process(
+        index_dir, logs, shards, *router_flags
+    ) as cluster:
+        yield cluster
 
 
 # ---- 4. load ------------------------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ from pathlib import Path
 from ragr1.services.common.process import ServiceProcess
 
 
-def start_shards(index: Path, count: int, logs: Path, started: list[ServiceProcess]) -> list[str]:
+def start_shards(index: Path, count: int, logs: Path, started: list[ServiceProcess], *extra: str) -> list[str]:
     common = ["serve", "retriever-shard", "--index", str(index), "--port", "0", "--metrics-port", "0"]
     procs = [
-        ServiceProcess.ragr1(f"shard{i}", [*common, "--shard", str(i)], None, logs / f"shard{i}.log").launch()
+        ServiceProcess.ragr1(f"shard{i}", [*common, "--shard", str(i), *extra], None, logs / f"shard{i}.log").launch()
         for i in range(count)
     ]
     started += procs

@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 
 In = TypeVar("In")
 Out = TypeVar("Out")
+R = TypeVar("R")
 
 
 @dataclasses.dataclass
@@ -69,7 +70,7 @@ class MicroBatcher(Generic[In, Out]):
         # A request that did not fit into the last batch; it leads the next one.
         self._carry: _Pending[In, Out] | None = None
 
-    def run_sync(self, fn: Callable[[], Out]) -> concurrent.futures.Future[Out]:
+    def run_sync(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
         """Runs ``fn`` on a worker thread (with one worker: the thread that owns the index)."""
         return self._executor.submit(fn)
 

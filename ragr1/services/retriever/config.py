@@ -216,14 +216,21 @@ class ShardConfig(ServerConfig):
     max_batch_rows: int = setting(256, "most query rows in one index search; 1 turns micro-batching off")
     max_wait_ms: float = setting(1.0, "longest a request waits for others to join its batch")
     search_threads: int = setting(
-        0, "FAISS (OpenMP) threads; 0 keeps FAISS's default (all cores). 1 is best on a shared, busy CPU"
+        1,
+        "FAISS (OpenMP) threads of the shard's searches; 0: every core. More only where the shard has cores of "
+        "its own: on a shared or CPU-limited host every parallel region waits for threads that are not running",
+    )
+    blas_rows_per_thread: int = setting(
+        4,
+        "flat indexes: a micro-batch of at least this many query rows per search thread is scored with one "
+        "matrix product (BLAS), fewer with one pass over the vectors per row; 0 keeps FAISS's own threshold",
     )
 
     def validate(self) -> None:
         super().validate()
         require_index(self.index)
         check_choice("checksum", self.checksum, CHECKSUM_MODES)
-        check_at_least(self, [("shard", 0)])
+        check_at_least(self, [("shard", 0), ("blas_rows_per_thread", 0)])
 
 
 @dataclasses.dataclass

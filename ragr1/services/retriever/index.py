@@ -124,6 +124,22 @@ def mmap_flag(faiss: Any, index_type: str) -> int:
     return int(faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
 
 
+def set_blas_rows(faiss: Any, rows_per_thread: int, dim: int) -> None:
+    """Makes FAISS score a flat search of at least ``rows_per_thread`` query rows per search thread with one
+    matrix product (BLAS) instead of one pass over the vectors per row; 0 keeps FAISS's own threshold.
+
+    FAISS compares ``rows x dim`` with ``distance_compute_blas_threshold``, 128,000 since faiss 1.15 (333
+    rows of 384 dimensions). Below it, a batch of at least as many rows as threads is searched a row per
+    thread, each row reading every vector once: a shard's micro-batch of 96 queries read its vectors 96
+    times and cost as much per query as a lone query, so the micro-batch did not batch. (With fewer rows
+    than threads FAISS splits the vectors among the threads instead, whatever the threshold.) More threads
+    keep up with more rows, hence a threshold per thread, as FAISS's own pending change makes it
+    (facebookresearch/faiss#5109). Process-wide: a shard process sets it once, on its index's thread.
+    """
+    if rows_per_thread > 0:
+        faiss.cvar.distance_compute_blas_threshold = rows_per_thread * max(1, faiss.omp_get_max_threads()) * dim
+
+
 def read(faiss: Any, path: str, index_type: str, mmap: bool) -> Any:
     """Opens a shard file on the CPU, memory-mapped or read whole."""
     return faiss.read_index(path, mmap_flag(faiss, index_type) if mmap else 0)

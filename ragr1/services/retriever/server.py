@@ -16,7 +16,7 @@ from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.http_api import start_http
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
-from ragr1.services.retriever.router import Router
+from ragr1.services.retriever.router import QueryEncoder, Router
 from ragr1.services.retriever.servicer import RetrieverServicer, RetrieverShardServicer
 from ragr1.services.retriever.shard import ShardSearcher
 from ragr1.services.retriever.shard_client import AsyncShardClient
@@ -35,10 +35,6 @@ def process_age() -> float:
 async def build_shard_server(config: ShardConfig) -> GrpcServer:
     """The shard's index loaded (memory-mapped by default), its checksum verified now or beside the
     server (a mismatch stops it with exit code 1)."""
-    if config.search_threads > 0:
-        import faiss
-
-        faiss.omp_set_num_threads(config.search_threads)
     manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
     searcher = ShardSearcher(
         manifest,
@@ -49,6 +45,7 @@ async def build_shard_server(config: ShardConfig) -> GrpcServer:
         max_wait_s=config.max_wait_ms / 1000,
         mmap=config.mmap,
     )
+    searcher.set_threads(config.search_threads, config.blas_rows_per_thread)
     m = manifest.manifest
     info = retriever_pb2.ShardInfoResponse(
         shard=config.shard,
@@ -132,9 +129,10 @@ async def watch_shards(shards: list[AsyncShardClient], server: GrpcServer, inter
         await asyncio.sleep(interval_s)
 
 
-async def build_router_server(config: RouterConfig) -> GrpcServer:
+async def build_router_server(config: RouterConfig, encoder: QueryEncoder | None = None) -> GrpcServer:
     """The shards checked (same index, right positions), the query encoder warm, the HTTP endpoint up;
-    the shards' health watched beside the server."""
+    the shards' health watched beside the server. ``encoder``: the index's own unless given (a benchmark
+    gives precomputed query vectors, to measure the rest of the router without the encoder's cost)."""
     manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
     m = manifest.manifest
     addresses = config.shard_addresses(m.num_shards)
@@ -142,12 +140,13 @@ async def build_router_server(config: RouterConfig) -> GrpcServer:
         raise ValueError(f"--shards lists {len(addresses)} address(es), the index has {m.num_shards} shard(s)")
     shards = [AsyncShardClient(target) for target in addresses]
     await check_shards(shards, manifest, config.shard_wait_s)
-    encoder = Encoder(
-        m.encoder,
-        device=config.device,
-        export_dir=manifest.encoder_dir(config.encoder_backend),
-        threads=config.encoder_threads,
-    )
+    if encoder is None:
+        encoder = Encoder(
+            m.encoder,
+            device=config.device,
+            export_dir=manifest.encoder_dir(config.encoder_backend),
+            threads=config.encoder_threads,
+        )
     router = Router(
         encoder,
         shards,

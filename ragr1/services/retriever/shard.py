@@ -69,6 +69,7 @@ class ShardSearcher:
         self._index: Any = self._batcher.run_sync(
             lambda: faiss_index.prepare_for_search(faiss, cpu_index, manifest.manifest.index, self.on_gpu)
         ).result()
+        self.search_threads = self._batcher.run_sync(lambda: int(faiss.omp_get_max_threads())).result()
         log.info(
             "shard %d: %d passages (rows %d..%d), %s index on %s%s",
             shard,
@@ -79,6 +80,21 @@ class ShardSearcher:
             "GPU" if self.on_gpu else "CPU",
             ", memory-mapped" if mmap and not self.on_gpu else "",
         )
+
+    def set_threads(self, threads: int, blas_rows_per_thread: int) -> None:
+        """FAISS's threads for this shard's searches (0: every core) and the batch size from which they are
+        one matrix product (``index.set_blas_rows``), set on the thread that runs the searches: OpenMP keeps
+        a thread count per thread, and one set on another thread leaves the searches on every core."""
+        import faiss
+
+        def apply() -> int:
+            if threads > 0:
+                faiss.omp_set_num_threads(threads)
+            faiss_index.set_blas_rows(faiss, blas_rows_per_thread, self.dim)
+            return int(faiss.omp_get_max_threads())
+
+        self.search_threads = self._batcher.run_sync(apply).result()
+        log.info("shard %d: %d search thread(s)", self.shard, self.search_threads)
 
     @property
     def num_passages(self) -> int:
