@@ -37,6 +37,8 @@ SERVICES = {
 PLATFORM = {
     "shard": "a shard pod takes its number from its ordinal, a compose service from its flag",
     "shards": "shard addresses are cluster DNS names in the chart (compared: how many)",
+    "search_threads": "a shard pod has cores of its own (the chart: its CPU request); compose's shards share one "
+    "machine's cores, one FAISS thread each",
     "retriever_address": "service DNS names (compared: the port)",
     "reward_address": "service DNS names (compared: the port)",
     "redis_url": "service DNS names; the chart puts its Redis password in the URL (compared: a password on both sides)",
