@@ -39,7 +39,7 @@ from ragr1.model_paths import model_with_weights
 from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import DEVICES, ModelSettings
 from ragr1.services.trainer.data import TokenSequence
-from ragr1.services.trainer.precision import MasterWeights
+from ragr1.services.trainer.precision import Mastered, MasterWeights
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class Outputs(NamedTuple):
     entropy: torch.Tensor  # [B, R], 0 where the mask is 0
 
 
-class PolicyModel(nn.Module):
+class PolicyModel(Mastered, nn.Module):
     """The actor: log-probs and entropy of generated tokens at each row's sampling temperature."""
 
     def __init__(
@@ -287,30 +287,8 @@ class PolicyModel(nn.Module):
                     p.data = p.data.to(torch.bfloat16)
         return True
 
-    def optimizer_parameters(self) -> list[nn.Parameter]:
-        """What the optimiser steps: the float32 masters when they are held, else the trained weights."""
-        return self.masters.masters if self.masters is not None else self.actor_parameters()
-
-    def begin_gradients(self) -> None:
-        """Before a step's first backward (a no-op without masters)."""
-        if self.masters is not None:
-            self.masters.begin()
-
-    def accumulate_gradients(self) -> None:
-        """After each backward (a no-op without masters)."""
-        if self.masters is not None:
-            self.masters.accumulate()
-
-    def clip_gradients(self, max_norm: float) -> torch.Tensor:
-        """The optimiser's gradients clipped to ``max_norm`` by their global norm, which it returns."""
-        if self.masters is not None:
-            return self.masters.clip([], max_norm)
-        return torch.nn.utils.clip_grad_norm_(self.actor_parameters(), max_norm)
-
-    def publish_weights(self) -> None:
-        """After each optimiser step (a no-op without masters)."""
-        if self.masters is not None:
-            self.masters.publish()
+    def trained_parameters(self) -> list[nn.Parameter]:
+        return self.actor_parameters()
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast(self.bf16 and self.masters is None, self.device)
@@ -415,7 +393,7 @@ class PolicyModel(nn.Module):
         load_trainable_state(self, state)
 
 
-class ValueModel(nn.Module):
+class ValueModel(Mastered, nn.Module):
     """The critic: a trunk of its own (from the actor's checkpoint) and a scalar value head, evaluated at
     the positions that predict each generated token (verl's critic reads values the same way)."""
 
@@ -460,27 +438,11 @@ class ValueModel(nn.Module):
         self.masters = MasterWeights(trunk)
         return True
 
-    def optimizer_parameters(self) -> list[nn.Parameter]:
-        if self.masters is None:
-            return self.critic_parameters()
-        return [*self.masters.masters, *(p for p in self.value_head.parameters() if p.requires_grad)]
+    def trained_parameters(self) -> list[nn.Parameter]:
+        return self.critic_parameters()
 
-    def begin_gradients(self) -> None:
-        if self.masters is not None:
-            self.masters.begin()
-
-    def accumulate_gradients(self) -> None:
-        if self.masters is not None:
-            self.masters.accumulate()
-
-    def clip_gradients(self, max_norm: float) -> torch.Tensor:
-        if self.masters is not None:
-            return self.masters.clip([p for p in self.value_head.parameters() if p.requires_grad], max_norm)
-        return torch.nn.utils.clip_grad_norm_(self.critic_parameters(), max_norm)
-
-    def publish_weights(self) -> None:
-        if self.masters is not None:
-            self.masters.publish()
+    def float32_trained(self) -> list[nn.Parameter]:
+        return [p for p in self.value_head.parameters() if p.requires_grad]
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """``[B, R]`` values on the model's device, 0 where the mask is 0."""

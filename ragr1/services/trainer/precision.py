@@ -142,3 +142,45 @@ class MasterWeights:
         for flat in (self.grads, self.master_grads):
             flat.untyped_storage().resize_(0)
         self._released = True
+
+
+class Mastered:
+    """A network's side of ``MasterWeights`` (``PolicyModel``, ``ValueModel``): what its optimiser steps and the
+    calls around a step, each a plain step on the trained weights when no masters are held."""
+
+    masters: MasterWeights | None
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        """The weights the network trains."""
+        raise NotImplementedError
+
+    def float32_trained(self) -> list[nn.Parameter]:
+        """Trained weights left out of the masters, stepped as they are (a value head)."""
+        return []
+
+    def optimizer_parameters(self) -> list[nn.Parameter]:
+        """What the optimiser steps: the float32 masters when they are held, else the trained weights."""
+        if self.masters is None:
+            return self.trained_parameters()
+        return [*self.masters.masters, *self.float32_trained()]
+
+    def begin_gradients(self) -> None:
+        """Before a step's first backward."""
+        if self.masters is not None:
+            self.masters.begin()
+
+    def accumulate_gradients(self) -> None:
+        """After each backward."""
+        if self.masters is not None:
+            self.masters.accumulate()
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """The optimiser's gradients clipped to ``max_norm`` by their global norm, which it returns."""
+        if self.masters is not None:
+            return self.masters.clip(self.float32_trained(), max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.trained_parameters(), max_norm)
+
+    def publish_weights(self) -> None:
+        """After each optimiser step: the network computes with the masters, rounded."""
+        if self.masters is not None:
+            self.masters.publish()
