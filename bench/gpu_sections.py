@@ -461,7 +461,8 @@ def process_group(device: Any) -> Iterator[str]:
 
 
 def fsdp_section(ctx: Context, soft_deadline: float) -> Iterator[dict[str, Any]]:
-    from ragr1.services.trainer.updater import PPOUpdater, process_group_reduce
+    from ragr1.services.trainer.fsdp import process_group_reduce
+    from ragr1.services.trainer.updater import PPOUpdater
 
     s = ctx.sizes
     arch = s.fsdp_arch

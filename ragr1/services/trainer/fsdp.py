@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ragr1.services.trainer.stepstats import Reduce
+
 
 def shard(root: nn.Module, layers: Iterable[nn.Module]) -> None:
     """``fully_shard`` each of ``layers``, then ``root`` (which takes the parameters left over)."""
@@ -78,3 +80,18 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]
             for key, v in values.items()
         }
     optimizer.load_state_dict({**state, "state": per_param})
+
+
+def process_group_reduce(device: torch.device) -> Reduce:
+    """``Reduce`` over the default ``torch.distributed`` process group, which must be initialised."""
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+    def reduce(tensor: torch.Tensor, op: str) -> None:
+        # NCCL reduces only GPU tensors (the identity where the tensor is there already).
+        moved = tensor.to(device)
+        dist.all_reduce(moved, op=ops[op])
+        tensor.copy_(moved)
+
+    return reduce

@@ -35,8 +35,9 @@ from typing import Any
 import torch
 
 from ragr1.services.trainer.config import PPOSettings
+from ragr1.services.trainer.fsdp import process_group_reduce
 from ragr1.services.trainer.model import init_torch
-from ragr1.services.trainer.updater import PPOUpdater, Sample, process_group_reduce
+from ragr1.services.trainer.updater import PPOUpdater, Sample
 
 log = logging.getLogger(__name__)
 

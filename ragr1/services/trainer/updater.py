@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ragr1.services.trainer import fsdp, ppo_math
 from ragr1.services.trainer.config import PPOSettings
@@ -44,23 +43,9 @@ from ragr1.services.trainer.model import (
     training_device,
 )
 from ragr1.services.trainer.stepstats import Reduce, StepStats, numbers
+from ragr1.services.trainer.update_parts import Optimised, Prepared
 
 log = logging.getLogger(__name__)
-
-
-def process_group_reduce(device: torch.device) -> Reduce:
-    """``Reduce`` over the default ``torch.distributed`` process group, which must be initialised."""
-    import torch.distributed as dist
-
-    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-
-    def reduce(tensor: torch.Tensor, op: str) -> None:
-        # NCCL reduces only GPU tensors (the identity where the tensor is there already).
-        moved = tensor.to(device)
-        dist.all_reduce(moved, op=ops[op])
-        tensor.copy_(moved)
-
-    return reduce
 
 
 @dataclasses.dataclass
@@ -79,45 +64,6 @@ class Sample:
     # version); None: unknown. With lag 0, or lag 1 while the updater holds the weights before its last
     # update, the trainer's log-probs must match the behaviour ones: the weight-sync check.
     weights_lag: int | None = None
-
-
-@dataclasses.dataclass
-class Prepared:
-    """The whole batch on the CPU (row bookkeeping); everything else on the models' device."""
-
-    batch: Batch
-    old_logprobs: torch.Tensor
-    old_values: torch.Tensor | None
-    # Only when the KL is a loss term (GRPO's default); PPO's default has it in the rewards already.
-    ref_logprobs: torch.Tensor | None
-    behaviour_logprobs: torch.Tensor | None
-    advantages: torch.Tensor
-    returns: torch.Tensor | None
-    scores: torch.Tensor
-    stats: dict[str, torch.Tensor | float]
-
-    def tokens(self, rows: Sequence[int]) -> float:
-        return float(self.batch.mask[list(rows)].sum().clamp(min=1))
-
-
-@dataclasses.dataclass
-class _Optimised:
-    """One trained model with its optimiser and schedule."""
-
-    name: str
-    params: list[nn.Parameter]
-    optimizer: torch.optim.Optimizer
-    lr: float
-    warmup_updates: int
-    max_grad_norm: float
-    # One per optimiser step, on the device: read once per update.
-    grad_norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
-
-    def set_learning_rate(self, update: int) -> float:
-        lr = self.lr * ppo_math.warmup_factor(update, self.warmup_updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
 
 
 class PPOUpdater:
@@ -148,7 +94,7 @@ class PPOUpdater:
         # AdamW's fused step: one operator per step instead of several per parameter (a launch each on a GPU).
         fused = True if not self.sharded else None
         self.parts = [
-            _Optimised(
+            Optimised(
                 "actor",
                 actor.optimizer_parameters(),
                 torch.optim.AdamW(
@@ -163,7 +109,7 @@ class PPOUpdater:
         if self.critic is not None:
             params = self.critic.optimizer_parameters()
             self.parts.append(
-                _Optimised(
+                Optimised(
                     "critic",
                     params,
                     torch.optim.AdamW(
