@@ -9,6 +9,7 @@ import pytest
 
 from ragr1.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from ragr1.services.policy.weights import InFlight, VersionGate, check_checkpoint
+from tests.common.waiting import wait_event_async, wait_for_async
 
 
 def copy_checkpoint(source: Path, target: Path) -> Path:
@@ -76,10 +77,13 @@ def test_finish_lets_running_rollouts_end_on_the_old_version() -> None:
         gate = VersionGate()
         events: list[str] = []
         release = asyncio.Event()
+        started, arrived = asyncio.Event(), asyncio.Event()
 
         async def rollout(name: str) -> None:
+            arrived.set()
             async with gate.rollout() as version:
                 events.append(f"{name} starts on v{version}")
+                started.set()
                 await release.wait()
                 events.append(f"{name} ends")
 
@@ -87,11 +91,13 @@ def test_finish_lets_running_rollouts_end_on_the_old_version() -> None:
             events.append("load")
 
         first = asyncio.create_task(rollout("a"))
-        await asyncio.sleep(0)
+        await wait_event_async(started, "rollout a never started")
         update = asyncio.create_task(gate.update(1, "/ckpt", load, in_flight=InFlight.FINISH, abort=_never))
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: gate.closed, "the update never closed the gate")
+        arrived.clear()
         late = asyncio.create_task(rollout("b"))  # arrives during the update: waits for the new weights
-        await asyncio.sleep(0.01)
+        await wait_event_async(arrived, "rollout b never reached the gate")
+        assert events == ["a starts on v0"]  # b reached the closed gate and waits there
         release.set()
         await asyncio.gather(first, update, late)
         assert (gate.version, gate.checkpoint_path) == (1, "/ckpt")
@@ -107,23 +113,25 @@ async def _never() -> None:
 def test_abort_asks_running_rollouts_to_stop() -> None:
     async def scenario() -> tuple[bool, int]:
         gate = VersionGate()
-        seen_abort = asyncio.Event()
+        entered, asked, seen_abort = asyncio.Event(), asyncio.Event(), asyncio.Event()
         aborted: list[bool] = []
 
         async def rollout() -> None:
             async with gate.rollout():
-                while not gate.abort_requested:
-                    await asyncio.sleep(0.001)
+                entered.set()
+                await wait_event_async(asked, "the update never called abort")
+                assert gate.abort_requested  # what a rollout that polls instead of being aborted sees
                 seen_abort.set()
 
         async def abort() -> None:
             aborted.append(True)
+            asked.set()
 
         async def load() -> None:
             assert seen_abort.is_set()
 
         task = asyncio.create_task(rollout())
-        await asyncio.sleep(0)
+        await wait_event_async(entered, "the rollout never started")
         await gate.update(3, "/c", load, in_flight=InFlight.ABORT, abort=abort)
         await task
         return bool(aborted) and not gate.abort_requested, gate.version

@@ -122,6 +122,11 @@ class VersionGate:
     def running(self) -> int:
         return self._running
 
+    @property
+    def closed(self) -> bool:
+        """Whether a rollout starting now waits (an update or a newer version being readied holds the gate)."""
+        return not self._open.is_set()
+
     @contextlib.asynccontextmanager
     async def rollout(self) -> AsyncIterator[int]:
         """Holds the current weights for one rollout or generation; yields their version. Raises ``Unavailable``
