@@ -27,6 +27,7 @@ from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
 from tests.common.engine import Engine, SharedEngine
+from tests.common.waiting import wait_for_async
 from tests.policy.test_integration import hotpot_tasks, perturbed_checkpoint
 from tests.policy.test_worker import BACKOFF
 
@@ -149,11 +150,10 @@ def test_a_weight_update_among_running_trajectories_tags_each_with_the_weights_t
         search = search_of(retriever_server)
         served = policy(engine, tokenizer, search, ASYNC)
         early = asyncio.ensure_future(served.rollout(first, GREEDY))
-        while engine[0].occupancy.requests == 0:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: engine[0].occupancy.requests, "no early trajectory reached the engine", 300)
         update = asyncio.ensure_future(served.update_weights(1, str(changed), InFlight.FINISH))
-        for _ in range(3):  # the update runs up to its wait for the running trajectories: the fence is closed
-            await asyncio.sleep(0)
+        # The update holds the fence while it waits for the running trajectories: what starts now waits for it.
+        await wait_for_async(lambda: served.gate.closed, "the update never closed the fence")
         late = await served.rollout(second, GREEDY)
         await update
         ran_early = await early

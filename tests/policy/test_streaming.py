@@ -23,7 +23,7 @@ from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutL
 from ragr1.services.policy.streaming import EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
-from tests.common.waiting import wait_for
+from tests.common.waiting import wait_event_async, wait_for, wait_for_async
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 from tests.policy.test_worker import BACKOFF, PausedEngine, queues
 
@@ -80,8 +80,11 @@ def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], c
     async def scenario() -> None:
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))
-        while len(order) < count:
+
+        async def take() -> None:
             order.extend(d.message.task_id for d in await asyncio.to_thread(rollouts.consume, 10, 100))
+
+        await wait_for_async(lambda: len(order) >= count, f"{count} rollouts were never produced", 50, step=take)
         stop.set()
         await asyncio.wait_for(running, 10)
         await worker.scorer.close()  # type: ignore[attr-defined]
@@ -136,14 +139,15 @@ def test_a_weight_update_among_running_groups_tags_each_rollout_with_the_weights
     async def scenario() -> list[common_pb2.Rollout]:
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))
-        while engine.running < 2:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: engine.running >= 2, "two trajectories never ran in the engine", 30)
         await policy.gate.update(1, "v1", load, in_flight=in_flight, abort=policy.engine.abort_all)
         produced: list[common_pb2.Rollout] = []
-        for _ in range(100):
-            produced += [d.message for d in await asyncio.to_thread(rollouts.consume, 10, 100)]
-            if {m.task_id for m in produced} == set(expected):
-                break
+
+        async def take() -> None:
+            produced.extend(d.message for d in await asyncio.to_thread(rollouts.consume, 10, 100))
+
+        await wait_for_async(lambda: {m.task_id for m in produced} == set(expected),
+                             f"the rollouts of {sorted(expected)} never all arrived", 30, step=take)
         stop.set()
         await asyncio.wait_for(running, 10)
         await worker.scorer.close()  # type: ignore[attr-defined]
@@ -159,7 +163,8 @@ def test_a_weight_update_among_running_groups_tags_each_rollout_with_the_weights
         assert (REGISTRY.get_sample_value("ragr1_policy_worker_requeues_total", {"reason": "aborted"}) or 0) > aborted
         other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
         again: list[Any] = []
-        wait_for(lambda: again.extend(other.reclaim(600_000, 10)) or again, "the aborted prompt never came back", 10)
+        wait_for(lambda: again, "the aborted prompt never came back", 10,
+                 step=lambda: again.extend(other.reclaim(600_000, 10)))
         assert [(d.message.id, d.deliveries) for d in again] == [("slow", 2)]
 
 
@@ -178,9 +183,8 @@ def test_a_leaving_async_worker_hands_back_the_groups_it_aborted_and_the_one_it_
     async def scenario() -> None:
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))
-        await asyncio.wait_for(engine.started.wait(), 10)
-        while prompts.pending() < 2:
-            await asyncio.sleep(0.01)
+        await wait_event_async(engine.started, "the engine never started a generation", 10)
+        await wait_for_async(lambda: prompts.pending() >= 2, "the worker never took the second prompt", 30)
         stop.set()
         await asyncio.wait_for(running, 10)
         await worker.scorer.close()  # type: ignore[attr-defined]
