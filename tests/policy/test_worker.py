@@ -20,7 +20,7 @@ from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2
-from tests.common.waiting import wait_for
+from tests.common.waiting import holds_for_async, wait_event_async, wait_for, wait_for_async
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 
 SCRIPT = {
@@ -135,7 +135,7 @@ def test_retriever_failure_requeues_or_dead_letters(
         assert prompts.backlog() == Backlog(waiting=1, in_progress=0, holders=0)
         other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
         again: list[Any] = []
-        wait_for(lambda: again.extend(other.reclaim(600_000, 10)) or again, "never handed out again", 10)
+        wait_for(lambda: again, "never handed out again", 10, step=lambda: again.extend(other.reclaim(600_000, 10)))
         assert [(d.message.id, d.deliveries) for d in again] == [("ham", 2)]
 
 
@@ -263,7 +263,7 @@ def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_
     async def scenario() -> None:
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))
-        await asyncio.wait_for(engine.started.wait(), 10)
+        await wait_event_async(engine.started, "the engine never started a generation", 10)
         stop.set()
         # It leaves even when the engine never answers its abort (it would wait on it for good).
         await asyncio.wait_for(running, 10)
@@ -293,9 +293,11 @@ def test_the_worker_takes_no_prompt_until_its_replica_serves_the_announced_versi
     prompts.produce(tasks())
     policy = make_policy(tokenizer, policy_model_dir, ScriptedSearch())
     serving: list[bool] = []
+    answered = asyncio.Event()
 
     async def health(ready: bool) -> None:
         serving.append(ready)
+        answered.set()
 
     follower = WeightFollower(policy, redis_client, "w1", heartbeat_seconds=0.1, checkpoint_wait_seconds=1.0,
                               retry_seconds=1.0, set_serving=health)
@@ -306,14 +308,17 @@ def test_the_worker_takes_no_prompt_until_its_replica_serves_the_announced_versi
     async def scenario() -> list[Any]:
         stop = asyncio.Event()
         jobs = [asyncio.ensure_future(follower.run(stop)), asyncio.ensure_future(worker.run(stop))]
-        await asyncio.sleep(1.0)
-        assert prompts.undelivered() == 2 and serving == [True]  # ready for calls, but no prompt taken
+        await wait_event_async(answered, "the follower never set the replica's health", 10)
+        # Ready for calls, but no prompt taken: the worker polls every block_ms (0.1 s), ten chances to take one.
+        await holds_for_async(lambda: prompts.undelivered() == 2 and serving == [True],
+                              "the worker took no prompt before any version was announced", 1.0)
         assert fleet.announce_checkpoint(redis_client, 0, policy_model_dir)
         produced: list[Any] = []
-        for _ in range(100):
-            produced += await asyncio.to_thread(rollouts.consume, 10, 100)
-            if len(produced) == 2:
-                break
+
+        async def take() -> None:
+            produced.extend(await asyncio.to_thread(rollouts.consume, 10, 100))
+
+        await wait_for_async(lambda: len(produced) >= 2, "the worker never produced both rollouts", 30, step=take)
         stop.set()
         await asyncio.wait_for(asyncio.gather(*jobs), 10)
         await worker.scorer.close()  # type: ignore[attr-defined]
