@@ -25,6 +25,7 @@ from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.runtime import Policy, RolloutLimits
 from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.v1 import policy_pb2
+from tests.common.waiting import holds_for_async, wait_async, wait_for_async
 from tests.policy.scripted import ScriptedSearch
 
 CONFIG = {"architectures": ["TinyForCausalLM"], "model_type": "tiny", "hidden_size": 4, "vocab_size": 8}
@@ -108,10 +109,8 @@ class Replica:
 
 
 async def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.01)
+    """Within the scenario's minute, so that a failure names what never happened."""
+    await wait_for_async(condition, what, seconds)
 
 
 def reported(client: redis.Redis) -> dict[str, tuple[int, str, int]]:
@@ -171,8 +170,9 @@ def test_with_nothing_announced_a_replica_serves_calls_but_takes_no_prompt_until
         replica = Replica(redis_client, "policy-0", model)
         replica.start()
         await until(lambda: replica.health == [True], "never ready for calls")
-        await asyncio.sleep(0.3)
-        assert not replica.follower.accepting.is_set() and replica.follower.state == fleet.STARTING
+        follower = replica.follower
+        await holds_for_async(lambda: not follower.accepting.is_set() and follower.state == fleet.STARTING,
+                              "with nothing announced, the replica takes no prompt", 0.3)
         announce(redis_client, 0, model)
         await until(replica.follower.accepting.is_set, "never took prompts")
         assert replica.version == 0 and replica.engine.loaded == []
@@ -265,14 +265,18 @@ def test_a_checkpoint_whose_directory_appears_before_its_files_is_loaded_once_co
     async def scenario() -> None:
         replica = Replica(redis_client, "policy-0", model, checkpoint_wait_seconds=20.0)
         replica.start()
-        await asyncio.sleep(0.3)
+
+        def waiting() -> bool:
+            return (replica.version == 0 and replica.engine.loaded == [] and not replica.follower.accepting.is_set()
+                    and replica.follower.state == fleet.LOADING and replica.health == [])
+
+        await until(lambda: replica.follower.state == fleet.LOADING, "never waited for v1")
+        await holds_for_async(waiting, "with no directory yet, the replica waits for v1 and refuses nothing", 0.3)
         late.mkdir()  # the directory, empty
         (late / "config.json").write_bytes((weights / "config.json").read_bytes())
         data = (weights / "model.safetensors").read_bytes()
         (late / "model.safetensors").write_bytes(data[: len(data) // 2])  # half copied
-        await asyncio.sleep(1.0)
-        assert replica.version == 0 and replica.engine.loaded == [] and not replica.follower.accepting.is_set()
-        assert replica.follower.state == fleet.LOADING and replica.health == []
+        await holds_for_async(waiting, "with v1 half copied, the replica waits for the rest and refuses nothing", 1.0)
         (late / "model.safetensors").write_bytes(data)
         await until(lambda: replica.version == 1, "the completed checkpoint was never loaded")
         # Readiness turns SERVING just after the load, not in the same step: wait for it, do not race it.
@@ -364,12 +368,12 @@ def test_a_replica_loading_a_new_version_starts_no_trajectory_on_the_superseded_
                 return version
 
         started = asyncio.ensure_future(trajectory())
-        await asyncio.sleep(0.5)
-        assert not started.done() and replica.follower.state == fleet.LOADING  # waited while v2 was waited for
+        await holds_for_async(lambda: not started.done() and replica.follower.state == fleet.LOADING,
+                              "the trajectory waits while v2 is waited for", 0.5)
         late.mkdir()
         for name in ("config.json", "model.safetensors"):
             (late / name).write_bytes((staged / name).read_bytes())
-        assert await asyncio.wait_for(started, 20) == 2  # it started on v2
+        assert await wait_async(started, "the waiting trajectory never started", 20) == 2  # it started on v2
         await until(replica.follower.accepting.is_set, "never took prompts again after loading v2")
         await replica.close()
 
