@@ -11,6 +11,7 @@ import pytest
 
 from ragr1.services.common.server import GrpcServer
 from ragr1.services.policy.server import EngineDied, watch_engine
+from tests.common.waiting import holds_for_async
 
 
 class Engine:
@@ -44,8 +45,7 @@ def test_a_live_engine_is_watched_without_touching_health() -> None:
 
     async def watch_a_while() -> None:
         task = asyncio.create_task(watch_engine(engine, cast(GrpcServer, server), 0.01))
-        await asyncio.sleep(0.2)
-        assert not task.done()
+        await holds_for_async(lambda: not task.done(), "the watch of a live engine goes on", 0.2)
         task.cancel()
 
     asyncio.run(watch_a_while())

@@ -23,6 +23,7 @@ from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.worker import backoff_seconds
 from ragr1.v1 import common_pb2
+from tests.common.waiting import wait_for_async
 from tests.policy.test_streaming import TimedEngine, async_policy, task
 from tests.policy.test_worker import BACKOFF
 
@@ -50,11 +51,14 @@ def worker(policy: Any, scorer: RewardServiceScorer, prompts: StreamQueue[Any], 
 
 
 async def until(condition: Callable[[], Any], what: str, seconds: float = 30.0) -> None:
-    """Waits in the event loop (the worker runs in it) for ``condition()``, at most ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not await asyncio.to_thread(condition):
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+    """Waits in the event loop (the worker runs in it) for ``condition()``, at most ``seconds``; the condition (a
+    Redis call, which may block while a server restarts) runs off the loop, so the worker goes on meanwhile."""
+    holds: list[Any] = [None]
+
+    async def check() -> None:
+        holds[0] = await asyncio.to_thread(condition)
+
+    await wait_for_async(lambda: holds[0], what, seconds, 0.05, step=check)
 
 
 def running(w: StreamingRolloutWorker, scenario: Callable[[], Awaitable[None]]) -> None:
@@ -202,9 +206,13 @@ def test_a_group_that_runs_longer_than_the_reclaim_time_keeps_its_lease(
     async def scenario() -> None:
         await until(lambda: prompts.backlog().in_progress == 1, "the prompt was never taken")
         taken = time.monotonic()
-        while not await asyncio.to_thread(prompts.is_done, "slow"):
+        done: list[bool] = [False]
+
+        async def try_to_steal() -> None:  # however often another worker looks, until the group ends
             stolen.extend(await asyncio.to_thread(other.reclaim, reclaim_ms, 10))
-            await asyncio.sleep(0.1)
+            done[0] = await asyncio.to_thread(prompts.is_done, "slow")
+
+        await wait_for_async(lambda: done[0], "the slow group never ended", 60, 0.1, step=try_to_steal)
         held_for.append(time.monotonic() - taken)
 
     running(w, scenario)
