@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.v1 import common_pb2, policy_pb2
 from tests.common import fuzz
 from tests.common.pki import write_pki
-from tests.common.waiting import wait_for
+from tests.common.waiting import holds_for, wait_for
 from tests.policy.conftest import hotpot_rows
 
 pytestmark = pytest.mark.slow
@@ -292,13 +291,15 @@ def test_rollout_worker_scores_and_acks_through_redis(
     prompts.produce([direct, *hotpot])
     wanted = {"w-direct": 2, **{t.id: 1 for t in hotpot}}
     # A worker takes prompts once it serves the announced weights: the trainer's starting ones, its own model.
-    time.sleep(1.0)
-    assert prompts.undelivered() == 3
+    holds_for(lambda: prompts.undelivered() == 3, "no prompt is taken before any weights are announced", 1.0)
     assert fleet.announce_checkpoint(r, 0, policy_model_dir)
-    deadline = time.monotonic() + 240
     produced: list[common_pb2.Rollout] = []
-    while time.monotonic() < deadline and len(produced) < sum(wanted.values()):
-        produced += [d.message for d in rollouts.consume(10, block_ms=1000) if d.message.task_id in wanted]
+
+    def take() -> None:
+        produced.extend(d.message for d in rollouts.consume(10, block_ms=1000) if d.message.task_id in wanted)
+
+    wait_for(lambda: len(produced) >= sum(wanted.values()), f"the rollouts of {wanted} never all arrived", 240, 0,
+             step=take)
     assert {k: sum(m.task_id == k for m in produced) for k in wanted} == wanted
     version = client.weight_version().version
     for m in produced:
@@ -327,8 +328,8 @@ def test_abort_in_flight_ends_running_rollouts_on_the_old_version(
     sampling = common_pb2.SamplingParams(temperature=1.0, max_tokens=48, seed=5)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(client.rollout, hotpot_tasks(4), sampling)
-        while policy.in_flight_calls() < 1 and not running.done():
-            time.sleep(0.05)
+        wait_for(lambda: policy.in_flight_calls() >= 1 or running.done(), "the rollout call never reached the server",
+                 120, 0.05)
         reply = client.update_weights(old + 1, str(policy_model_dir), policy_pb2.IN_FLIGHT_POLICY_ABORT)
         rollouts = running.result(timeout=300)
     assert reply.version == old + 1 == client.weight_version().version
@@ -443,14 +444,18 @@ def test_a_dead_engine_turns_the_policy_not_serving_and_stops_it(policy: PolicyS
         assert health.health(service="ragr1.v1.Policy")
         for engine in engines:
             engine.kill()
-        deadline = time.monotonic() + 60
-        states = []
-        while time.monotonic() < deadline and policy.process.alive():
+        states: list[bool | None] = []
+
+        def ended() -> bool:  # what health answers, until the process is gone
+            if not policy.process.alive():
+                return True
             try:
                 states.append(health.health(timeout=1, service="ragr1.v1.Policy"))
             except ServiceCallError:
                 states.append(None)  # stopped listening
-            time.sleep(0.2)
+            return False
+
+        wait_for(ended, "the policy kept running on a dead engine", 60, 0.2)
     assert not policy.process.alive(), "the policy kept running on a dead engine"
     assert policy.process.process.returncode == 1
     assert False in states or None in states  # NOT_SERVING (or gone) before the process ended
