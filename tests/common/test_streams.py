@@ -21,7 +21,7 @@ from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS, Stream
 from ragr1.services.trainer.loop import check_rollout
 from ragr1.v1 import common_pb2
 from tests.common import fuzz
-from tests.common.waiting import wait_for
+from tests.common.waiting import holds_for, wait_for
 from tests.trainer.rollouts import make_rollout
 
 HANDED = "test:handed"
@@ -55,12 +55,17 @@ def test_killed_consumer_is_reclaimed_and_every_id_is_handed_on_once(
     survivor = StreamQueue(redis_client, ROLLOUTS, common_pb2.Rollout, group="trainer", consumer="survivor")
     assert survivor.pending() == 200
     reclaimed = 0
-    for _ in range(100):
+
+    def drained() -> bool:  # one round of the survivor's work: take over, read on, acknowledge
+        nonlocal reclaimed
         batch = survivor.reclaim(min_idle_ms=0) + survivor.consume(count=128, block_ms=200)
         reclaimed += sum(1 for d in batch if d.deliveries > 1)
         if not batch and survivor.pending() == 0:
-            break
+            return True
         survivor.ack(batch, also=lambda pipe, b=batch: b and pipe.rpush(HANDED, *[d.message.id for d in b]))
+        return False
+
+    wait_for(drained, "the survivor never drained the stream", 60, 0)
 
     handed = [v.decode() for v in redis_client.lrange(HANDED, 0, -1)]
     assert len(handed) == 1000
@@ -274,7 +279,8 @@ def test_an_entry_retried_goes_back_at_once_with_a_delivery_counted_and_is_due_a
     assert a.backlog().waiting == 2 and a.backlog().in_progress == 0
     b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b", max_deliveries=2)
     taken: list[Any] = []
-    wait_for(lambda: taken.extend(b.reclaim(600_000, 10)) or taken, "the retried entry was never due", 20, 0.05)
+    wait_for(lambda: taken, "the retried entry was never due", 20, 0.05,
+             step=lambda: taken.extend(b.reclaim(600_000, 10)))
     assert time.monotonic() - retried >= 1.5  # not before its backoff
     assert [(d.message.id, d.deliveries) for d in taken] == [("soon", 2)]  # the failed delivery counted
     assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", later.entry_id, later.entry_id, 1)
@@ -298,14 +304,19 @@ def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_sto
     a.produce([common_pb2.PromptTask(id="long", question="q")])
     (work,) = a.consume(1)
     b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b")
-    started, stolen = time.monotonic(), []
-    while time.monotonic() - started < 4 * threshold_ms / 1000:  # the work runs four thresholds long
+    stolen: list[Any] = []
+
+    def kept() -> bool:  # a renews three times a threshold; b looks as often
         assert a.renew([work.entry_id]) == 1
-        stolen += b.reclaim(threshold_ms, 10)
-        time.sleep(threshold_ms / 3000)
+        stolen.extend(b.reclaim(threshold_ms, 10))
+        return not stolen
+
+    # The work runs four thresholds long.
+    holds_for(kept, "a consumer renewing its lease keeps its work", 4 * threshold_ms / 1000, threshold_ms / 3000)
     assert stolen == []
     taken: list[Any] = []
-    wait_for(lambda: taken.extend(b.reclaim(threshold_ms, 10)) or taken, "never reclaimed once a stopped", 10, 0.05)
+    wait_for(lambda: taken, "never reclaimed once a stopped", 10, 0.05,
+             step=lambda: taken.extend(b.reclaim(threshold_ms, 10)))
     assert [(d.message.id, d.deliveries) for d in taken] == [("long", 2)]
     assert f"b took over 1 entries from a, idle for {threshold_ms} ms or more" in caplog.text
     assert a.renew([work.entry_id]) == 0
