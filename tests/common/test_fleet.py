@@ -14,6 +14,7 @@ from ragr1.services.common import fleet
 from ragr1.services.common.hashing import checkpoint_sha256, missing_files
 from ragr1.services.common.streams import PROMPTS, WORKERS, Backlog, StreamQueue
 from ragr1.v1 import common_pb2
+from tests.common.waiting import wait_for
 
 
 def test_a_version_is_announced_once_and_read_back(redis_client: redis.Redis) -> None:
@@ -65,8 +66,9 @@ def test_replica_reports_expire_and_leave_the_fleet(redis_client: redis.Redis) -
     fleet.report(redis_client, fleet.ReplicaReport("policy-1", 2, fleet.LOADING, target=3), ttl_seconds=60)
     assert [(r.name, r.version, r.state, r.target) for r in fleet.replicas(redis_client)] == [
         ("policy-0", 3, fleet.SERVING, 0), ("policy-1", 2, fleet.LOADING, 3)]
-    time.sleep(0.5)  # policy-0 missed its heartbeats
-    assert [r.name for r in fleet.replicas(redis_client)] == ["policy-1"]
+    # Gone by 0.5 s, its report's time to live 0.3 s (the bound is the check: its last look is at 0.5 s or after).
+    wait_for(lambda: [r.name for r in fleet.replicas(redis_client)] == ["policy-1"],
+             "policy-0, which missed its heartbeats, never left the fleet", 0.5, 0.05)
     assert redis_client.smembers(fleet.REPLICAS) == {b"policy-1"}
     # A heartbeat refreshes the report; a replica that stops leaves at once.
     fleet.report(redis_client, fleet.ReplicaReport("policy-1", 3, fleet.SERVING), ttl_seconds=60)

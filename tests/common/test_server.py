@@ -20,6 +20,7 @@ from ragr1.services.common.server import LIVENESS
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.common.pki import write_pki
 from tests.common.status_process import start_server, status_code
+from tests.common.waiting import wait_for
 
 
 @pytest.fixture()
@@ -89,18 +90,20 @@ def test_sigterm_lets_in_flight_call_finish_after_health_goes_not_serving(
 
     caller = threading.Thread(target=slow_call)
     caller.start()
-    time.sleep(0.5)  # the call is in flight
+    metrics = f"http://127.0.0.1:{metrics_port_of(proc)}/metrics"
+    in_flight = 'ragr1_grpc_server_in_flight{service="status-test"} 1.0'
+    wait_for(lambda: in_flight in urllib.request.urlopen(metrics, timeout=5).read().decode(),
+             "the slow call never reached the server", 10, 0.05)
     proc.signal(signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        status = health.Check(health_pb2.HealthCheckRequest(service="ragr1.v1.Trainer"), timeout=2).status
-        if status == health_pb2.HealthCheckResponse.NOT_SERVING:
-            events.append(("not_serving", time.monotonic()))
-            # A stopping server is not alive either: a liveness probe may replace it.
-            alive = health.Check(health_pb2.HealthCheckRequest(service=LIVENESS), timeout=2).status
-            assert alive == health_pb2.HealthCheckResponse.NOT_SERVING
-            break
-        time.sleep(0.05)
+
+    def status(service: str) -> int:
+        return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+
+    wait_for(lambda: status("ragr1.v1.Trainer") == health_pb2.HealthCheckResponse.NOT_SERVING,
+             "health never turned NOT_SERVING after SIGTERM", 5, 0.05)
+    events.append(("not_serving", time.monotonic()))
+    # A stopping server is not alive either: a liveness probe may replace it.
+    assert status(LIVENESS) == health_pb2.HealthCheckResponse.NOT_SERVING
     caller.join(timeout=30)
     channel.close()
     assert "error" not in result, result.get("error")

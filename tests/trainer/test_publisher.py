@@ -14,6 +14,7 @@ from ragr1.services.common import fleet
 from ragr1.services.common.streams import PROMPTS, WORKERS, StreamQueue
 from ragr1.services.trainer.publisher import PublishError, StrandedAlarm, WeightPublisher
 from ragr1.v1 import common_pb2
+from tests.common.waiting import wait_for
 
 
 class Clock:
@@ -57,14 +58,12 @@ def test_the_fleet_gauges_count_replicas_by_version_and_state(redis_client: redi
 
 
 def test_replicas_whose_heartbeats_stopped_leave_the_gauges(redis_client: redis.Redis, tmp_path: Path) -> None:
-    import time
-
     publisher = WeightPublisher(redis_client, timeout=60)
     report(redis_client, "policy-0", 0, ttl=0.2)
     publisher.watch()
     assert replicas_gauge(0, fleet.SERVING) == 1 and oldest() == 0
-    time.sleep(0.4)
-    assert publisher.watch() == []
+    # Gone by twice its heartbeat's time to live (the bound is the check: its last look is at 0.4 s or after).
+    wait_for(lambda: publisher.watch() == [], "the replica whose heartbeats stopped never left the fleet", 0.4, 0.05)
     assert replicas_gauge(0, fleet.SERVING) is None and math.isnan(oldest())  # type: ignore[arg-type]
 
 
