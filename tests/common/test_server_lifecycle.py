@@ -18,6 +18,7 @@ from ragr1.services.reward.config import RewardConfig
 from ragr1.services.trainer.loop import TrainerStatus
 from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.v1 import trainer_pb2_grpc
+from tests.common.waiting import holds_for_async, wait_event_async, wait_for_async
 
 
 def server() -> GrpcServer:
@@ -51,11 +52,14 @@ def test_a_job_that_raises_stops_the_server_with_exit_code_1_and_says_which(
     s = server()
     cleaned: list[str] = []
 
+    running = asyncio.Event()
+
     async def failing() -> None:
-        await asyncio.sleep(0.1)
+        await running.wait()  # fails while the other job runs
         raise RuntimeError("the engine is gone")
 
     async def forever() -> None:
+        running.set()
         await asyncio.Event().wait()
 
     async def clean_up() -> None:
@@ -73,13 +77,17 @@ def test_on_sigterm_jobs_are_asked_to_finish_before_the_clean_ups_run() -> None:
     s = server()
     order: list[str] = []
     finish = asyncio.Event()
+    worker_runs, watchdog_runs = asyncio.Event(), asyncio.Event()
 
     async def worker() -> None:
+        worker_runs.set()
         await finish.wait()
-        await asyncio.sleep(0.2)  # the batch in hand completes after the stop request
+        # The batch in hand takes a while after the stop request; nothing is closed under it meanwhile.
+        await holds_for_async(lambda: "clients closed" not in order, "the clean-ups wait for the batch in hand", 0.2)
         order.append("worker finished its batch")
 
     async def watchdog() -> None:
+        watchdog_runs.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -89,8 +97,9 @@ def test_on_sigterm_jobs_are_asked_to_finish_before_the_clean_ups_run() -> None:
     async def clean_up() -> None:
         order.append("clients closed")
 
-    async def terminate_soon() -> None:
-        await asyncio.sleep(0.3)
+    async def terminate_once_running() -> None:  # the jobs run once serve() handles SIGTERM
+        await wait_event_async(worker_runs, "the worker never ran")
+        await wait_event_async(watchdog_runs, "the watchdog never ran")
         os.kill(os.getpid(), signal.SIGTERM)
 
     def stop_worker() -> None:
@@ -102,7 +111,7 @@ def test_on_sigterm_jobs_are_asked_to_finish_before_the_clean_ups_run() -> None:
     s.on_stop(clean_up)
 
     async def main() -> int:
-        killer = asyncio.ensure_future(terminate_soon())
+        killer = asyncio.ensure_future(terminate_once_running())
         code = await s.serve()
         await killer
         return code
@@ -114,11 +123,14 @@ def test_on_sigterm_jobs_are_asked_to_finish_before_the_clean_ups_run() -> None:
 def test_a_job_that_ignores_its_stop_request_is_cut_off_after_stop_seconds() -> None:
     s = server()
 
+    running = asyncio.Event()
+
     async def stubborn() -> None:
+        running.set()
         await asyncio.Event().wait()
 
     async def short() -> None:
-        await asyncio.sleep(0.1)
+        await running.wait()  # ends while the stubborn job runs
 
     s.beside(stubborn, "a stubborn job", stop=lambda: None, stop_seconds=0.5)
     s.beside(short, "a short job")
@@ -137,9 +149,11 @@ def test_on_sigterm_every_job_is_asked_to_stop_before_the_server_drains_and_all_
     s = GrpcServer(RewardConfig(port=0, metrics_port=0, grace_seconds=1, drain_seconds=1.0), "lifecycle-test")
     s.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(TrainerStatus()))
     asked: dict[str, float] = {}
+    running: set[str] = set()
 
     def stubborn(name: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], None]]:
         async def job() -> None:
+            running.add(name)
             await asyncio.Event().wait()
 
         def stop() -> None:
@@ -152,8 +166,14 @@ def test_on_sigterm_every_job_is_asked_to_stop_before_the_server_drains_and_all_
 
     async def main() -> float:
         loop = asyncio.get_running_loop()
-        loop.call_later(0.3, os.kill, os.getpid(), signal.SIGTERM)
+
+        async def terminate_once_running() -> None:  # the jobs run once serve() handles SIGTERM
+            await wait_for_async(lambda: running == {"worker", "follower"}, "the jobs never ran", 10)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        killer = asyncio.ensure_future(terminate_once_running())
         await s.serve()
+        await killer
         return loop.time()
 
     loop = asyncio.new_event_loop()
