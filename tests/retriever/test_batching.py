@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from ragr1.services.retriever.batching import MicroBatcher
+from tests.common.waiting import wait_for_async
 
 
 class Doubler:
@@ -75,16 +76,31 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on() -> None:
     assert asyncio.run(main()) == 5
 
 
+class Gated(Doubler):
+    """Holds each batch until ``release`` is set; ``entered`` says one is in the function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, items: Sequence[int]) -> list[int]:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the batch"
+        return super().__call__(items)
+
+
 def test_a_cancelled_request_is_not_computed() -> None:
-    fn = Doubler(delay=0.05)
+    fn = Gated()
 
     async def main() -> None:
         batcher = MicroBatcher(fn, max_batch_rows=1)
         first = asyncio.ensure_future(batcher.submit(1))
-        await asyncio.sleep(0.01)  # 1 is running; 2 waits in the queue and is cancelled there
+        await wait_for_async(fn.entered.is_set, "the first request never ran")
+        # 1 is running (held); 2 waits in the queue and is cancelled there.
         second = asyncio.ensure_future(batcher.submit(2))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # not a wait: submit queues its request in its first step
         second.cancel()
+        fn.release.set()
         assert await first == 2
         assert await batcher.submit(3) == 6
         await batcher.aclose()

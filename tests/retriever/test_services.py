@@ -34,6 +34,7 @@ from ragr1.services.retriever.server import check_shards
 from ragr1.services.retriever.shard_client import AsyncShardClient
 from ragr1.v1 import retriever_pb2
 from tests.common import fuzz
+from tests.common.waiting import wait_for
 from tests.retriever.processes import start_router, start_shards
 
 QUERIES = ["Which Canadian rock band released a song called Counterparts?", "Neil Peart", "Modern Drummer"]
@@ -236,10 +237,8 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
         assert partial and missing == [1]
     # The router's health tells which shard is gone.
     with RetrieverClient(grpc_target) as client:
-        until = time.monotonic() + 10
-        while client.shards_ready() != [True, False] and time.monotonic() < until:
-            time.sleep(0.1)
-        assert client.shards_ready() == [True, False]
+        wait_for(lambda: client.shards_ready() == [True, False], "the router's health never showed shard 1 gone", 10,
+                 0.1)
 
     async def unavailable_mode() -> None:
         clients = [AsyncShardClient(t) for t in shards]
