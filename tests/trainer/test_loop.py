@@ -9,7 +9,6 @@ import logging
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from ragr1.services.trainer.publisher import WeightPublisher
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
+from tests.common.waiting import wait_for
 from tests.trainer.command import ROOT, child_env, run_train_ppo, train_ppo
 from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_config
 
@@ -321,15 +321,15 @@ def test_killed_trainer_resumes_and_trains_every_rollout_exactly_once(
     steps = out / "steps.jsonl"
     first = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 240
-        while not (steps.exists() and steps.read_text().count("\n") >= 1):
+
+        def updated_once() -> bool:
             assert first.poll() is None, first.stderr.read().decode()[-3000:] if first.stderr else ""
-            assert time.monotonic() < deadline, "the trainer never finished its first update"
-            time.sleep(0.05)
+            return steps.exists() and steps.read_text().count("\n") >= 1
+
+        wait_for(updated_once, "the trainer never finished its first update", 240, 0.05)
         # Wait until the next batch is delivered and not yet acknowledged, then kill mid-batch.
-        while int(redis_client.xpending(ROLLOUTS, "trainer")["pending"]) == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_for(lambda: int(redis_client.xpending(ROLLOUTS, "trainer")["pending"]),
+                 "the trainer never took its next batch", 240, 0.005)
         first.send_signal(signal.SIGKILL)
         first.wait(30)
     finally:

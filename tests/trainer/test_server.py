@@ -27,6 +27,7 @@ from ragr1.services.trainer.servicer import TrainerServicer
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.services.trainer.updater import Sample
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.common.waiting import wait_for
 from tests.trainer.rollouts import _tasks, make_rollout, produce, tiny_config
 
 
@@ -63,6 +64,10 @@ def publishing_loop(client: redis.Redis, out: Path, timeout: float = 60.0, **ove
 
 def announced(client: redis.Redis) -> list[fleet.Announcement]:
     return [fleet.Announcement.read(e, f) for e, f in client.xrange(fleet.WEIGHTS)]  # type: ignore[union-attr]
+
+
+def latest_version(client: redis.Redis) -> int:
+    return (fleet.latest(client) or fleet.Announcement(0, "", "")).version
 
 
 def run_loop(loop: PPOLoop, meanwhile: Callable[[], None] | None = None) -> BaseException | None:
@@ -176,10 +181,7 @@ def test_a_fleet_that_keeps_refusing_the_version_stops_the_trainer_with_the_reas
     refused_at: list[float] = []
 
     def replicas_refuse_version_1() -> None:
-        deadline = time.monotonic() + 60
-        while (fleet.latest(redis_client) or fleet.Announcement(0, "", "")).version < 1:
-            assert time.monotonic() < deadline, "version 1 was never announced"
-            time.sleep(0.02)
+        wait_for(lambda: latest_version(redis_client) >= 1, "version 1 was never announced", 60, 0.02)
         for name in ("policy-0", "policy-1"):
             fleet.report(redis_client, fleet.ReplicaReport(name, 0, fleet.REFUSED, 1, "its weights hash to sha256 00"),
                          60)
@@ -204,10 +206,7 @@ def test_a_fleet_that_never_loads_the_version_stops_the_trainer_after_the_timeou
     weights_timeout_seconds have passed without any replica serving the announced version."""
 
     def a_replica_stuck_loading() -> None:
-        deadline = time.monotonic() + 60
-        while (fleet.latest(redis_client) or fleet.Announcement(0, "", "")).version < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: latest_version(redis_client) >= 1, "version 1 was never announced", 60, 0.02)
         fleet.report(redis_client, fleet.ReplicaReport("policy-0", 0, fleet.LOADING, 1), 60)
 
     loop = publishing_loop(redis_client, tmp_path, timeout=0.5, batch_size=1, max_updates=3)
