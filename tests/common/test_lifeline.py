@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from ragr1.services.common.redis_server import free_port
 from ragr1.stack.supervisor import port_in_use
+from tests.common.waiting import wait_for
 
 OWNER = """
 import sys, time
@@ -39,16 +39,12 @@ def test_a_sigkilled_owner_takes_its_services_and_their_children_with_it(tmp_pat
     try:
         assert owner.stdout is not None
         service = int(owner.stdout.readline())
-        deadline = time.monotonic() + 60
-        while not port_in_use("127.0.0.1", port):  # `ragr1 redis` -> redis-server, a grandchild of the owner
-            assert time.monotonic() < deadline, (tmp_path / "redis.log").read_text()
-            time.sleep(0.1)
+        # `ragr1 redis` -> redis-server, a grandchild of the owner
+        wait_for(lambda: port_in_use("127.0.0.1", port), lambda: (tmp_path / "redis.log").read_text(), 60, 0.1)
         family = [service, *(child.pid for child in psutil.Process(service).children(recursive=True))]
         assert len(family) >= 2
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-    deadline = time.monotonic() + 10
-    while not all(gone(pid) for pid in family) or port_in_use("127.0.0.1", port):
-        assert time.monotonic() < deadline, f"still running 10 s after their owner was killed: {family}"
-        time.sleep(0.1)
+    wait_for(lambda: all(gone(pid) for pid in family) and not port_in_use("127.0.0.1", port),
+             f"still running after their owner was killed: {family}", 10, 0.1)

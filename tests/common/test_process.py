@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from ragr1.services.common.process import ServiceProcess
+from tests.common.waiting import wait_for
 
 # A service that starts a child which ignores its parent's death, as vLLM's engine core does.
 PARENT = """
@@ -32,20 +32,12 @@ def alive(pid: int) -> bool:
 
 
 def child_of(service: ServiceProcess, pid_file: Path) -> int:
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.monotonic() < deadline, service.log_tail()
-        time.sleep(0.05)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), service.log_tail, 30, 0.05)
     return int(pid_file.read_text())
 
 
-def wait_gone(pid: int) -> bool:
-    deadline = time.monotonic() + 10
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+def wait_gone(pid: int, what: str) -> None:
+    wait_for(lambda: not alive(pid), what, 10, 0.05)
 
 
 def test_a_killed_service_leaves_no_child_behind_once_restarted_or_stopped(tmp_path: Path) -> None:
@@ -58,7 +50,7 @@ def test_a_killed_service_leaves_no_child_behind_once_restarted_or_stopped(tmp_p
     assert service.process is not None and service.process.wait(10) == -signal.SIGKILL
     assert alive(first), "the child must outlive its parent here, or this test proves nothing"
     service.launch()  # the supervisor's restart
-    assert wait_gone(first), "the restart left the killed service's child running"
+    wait_gone(first, "the restart left the killed service's child running")
     second = child_of(service, pid_file)
     service.stop(timeout=5)
-    assert wait_gone(second), "stop left the service's child running"
+    wait_gone(second, "stop left the service's child running")

@@ -12,6 +12,7 @@ import pytest
 from tests.common.waiting import (
     holds_for,
     holds_for_async,
+    poll_until,
     wait_async,
     wait_event,
     wait_event_async,
@@ -39,6 +40,13 @@ def test_wait_for_fails_naming_what_and_its_bound() -> None:
     with pytest.raises(AssertionError, match=r"the flag was never set \(not within 0.1 s\)"):
         wait_for(lambda: False, "the flag was never set", 0.1, 0.01)
     assert time.monotonic() - started >= 0.1
+
+
+def test_wait_for_reads_a_callable_message_at_the_failure() -> None:
+    log = ["starting"]
+    later(0.02, lambda: log.append("crashed"))
+    with pytest.raises(AssertionError, match=r"never up: starting crashed \(not within 0.1 s\)"):
+        wait_for(lambda: False, lambda: "never up: " + " ".join(log), 0.1, 0.01)
 
 
 def test_wait_for_calls_its_step_before_each_check() -> None:
@@ -83,6 +91,15 @@ def test_wait_for_async_awaits_a_coroutine_step() -> None:
         assert ticks == [1, 1]
 
     asyncio.run(scenario())
+
+
+def test_poll_until_returns_the_value_or_none_after_its_bound() -> None:
+    box: list[int] = []
+    later(0.02, lambda: box.append(1))
+    assert poll_until(lambda: box[:1], 10, 0.01) == [1]
+    started = time.monotonic()
+    assert poll_until(lambda: [], 0.05, 0.01) is None
+    assert time.monotonic() - started >= 0.05
 
 
 def test_wait_event_returns_once_set_and_fails_naming_it() -> None:

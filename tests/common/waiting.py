@@ -4,7 +4,8 @@ A test that sleeps for a guessed time and then asserts is slow where the guess i
 host is busier than the guess allowed for. The tests wait instead for the thing they need: an event the code
 under test sets where it can signal one (``wait_event``), else a condition polled until it holds, under a
 bound that only fails the test and never paces it (``wait_for``; with ``step=`` where each poll does the work
-that makes progress, such as a reclaim). Every bound names what was awaited and how long, so a failure says
+that makes progress, such as a reclaim; ``poll_until`` for the long-run harnesses, which report a timeout
+instead of failing). Every bound names what was awaited and how long, so a failure says
 what never happened rather than timing out anonymously.
 
 Negative checks ("nothing happened") cannot wait for an event: the absence of one is only ever established for
@@ -27,16 +28,20 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def _timed_out(what: str, seconds: float) -> str:
-    return f"{what} (not within {seconds:g} s)"
+# What was awaited: a callable where the message needs the state at the failure (a log's tail).
+What = str | Callable[[], str]
 
 
-def wait_for(
-    condition: Callable[[], T], what: str, seconds: float = 120.0, poll: float = 0.2, *,
-    step: Callable[[], object] | None = None,
-) -> T:
-    """Returns ``condition()``'s first truthy value; calls ``step()`` before each check where given (the work
-    that makes progress). Fails the test, naming ``what``, once ``seconds`` pass first."""
+def _timed_out(what: What, seconds: float) -> str:
+    return f"{what if isinstance(what, str) else what()} (not within {seconds:g} s)"
+
+
+def poll_until(
+    condition: Callable[[], T], seconds: float, poll: float, *, step: Callable[[], object] | None = None
+) -> T | None:
+    """Returns ``condition()``'s first truthy value, or None once ``seconds`` pass first (its last check at the
+    bound or after it); calls ``step()`` before each check where given. For the long-run harnesses, which
+    report a timeout in their own terms rather than fail a test; tests use ``wait_for``."""
     deadline = time.monotonic() + seconds
     while True:
         if step is not None:
@@ -44,12 +49,24 @@ def wait_for(
         value = condition()
         if value:
             return value
-        assert time.monotonic() < deadline, _timed_out(what, seconds)
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(poll)
 
 
+def wait_for(
+    condition: Callable[[], T], what: What, seconds: float = 120.0, poll: float = 0.2, *,
+    step: Callable[[], object] | None = None,
+) -> T:
+    """Returns ``condition()``'s first truthy value; calls ``step()`` before each check where given (the work
+    that makes progress). Fails the test, naming ``what``, once ``seconds`` pass first."""
+    value = poll_until(condition, seconds, poll, step=step)
+    assert value, _timed_out(what, seconds)
+    return value
+
+
 async def wait_for_async(
-    condition: Callable[[], T], what: str, seconds: float = 60.0, poll: float = 0.01, *,
+    condition: Callable[[], T], what: What, seconds: float = 60.0, poll: float = 0.01, *,
     step: Callable[[], object] | None = None,
 ) -> T:
     """``wait_for`` on an event loop: the loop runs other tasks between checks. ``step`` may be a coroutine
