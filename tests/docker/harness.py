@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.common.pki import write_pki
+from tests.common.waiting import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = Path(__file__).resolve().parent / "images"
@@ -149,11 +150,15 @@ def docker_engine() -> Iterator[None]:
         daemon = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     say(f"started dockerd (pid {daemon.pid}); its log: {STATE / 'dockerd.log'}")
     try:
-        deadline = time.monotonic() + 60
-        while not engine_running():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise Failed(f"dockerd did not start; see {STATE / 'dockerd.log'}")
-            time.sleep(1)
+        def started() -> bool:
+            if engine_running():
+                return True
+            if daemon.poll() is not None:
+                raise Failed(f"dockerd exited as it started; see {STATE / 'dockerd.log'}")
+            return False
+
+        if not poll_until(started, 60, 1):
+            raise Failed(f"dockerd did not start; see {STATE / 'dockerd.log'}")
         yield
     finally:
         daemon.terminate()
@@ -384,15 +389,18 @@ def container_key(container: dict[str, Any]) -> str:
 
 def wait_healthy(timeout: float, replicas: dict[str, int] | None = None) -> dict[str, str]:
     """Every container healthy (the index job exited 0), with ``replicas`` containers of those services."""
-    deadline = time.monotonic() + timeout
-    shown = ""
-    while True:
+    shown: list[str] = [""]
+    seen: dict[str, str] = {}
+
+    def healthy() -> dict[str, str] | None:
         found = containers()
         states = {container_key(c): state(c) for c in found}
+        seen.clear()
+        seen.update(states)
         line = ", ".join(f"{k}={v}" for k, v in sorted(states.items()))
-        if line != shown:
+        if line != shown[0]:
             say(f"  {line}")
-            shown = line
+            shown[0] = line
         counts = {name: sum(service_of(c) == name for c in found) for name in SERVICES}
         done = counts == {name: (replicas or {}).get(name, 1) for name in SERVICES} and all(
             v in ("healthy", "exited:0") if k == "index-build" else v in ("healthy", "running")
@@ -401,9 +409,14 @@ def wait_healthy(timeout: float, replicas: dict[str, int] | None = None) -> dict
         if done and states["index-build"] == "exited:0":
             return states
         bad = {k: v for k, v in states.items() if v == "unhealthy" or (v.startswith("exited:") and v != "exited:0")}
-        if bad or time.monotonic() > deadline:
+        if bad:
             raise Failed(f"not every container became healthy: {states}")
-        time.sleep(5)
+        return None
+
+    states = poll_until(healthy, timeout, 5)
+    if states is None:
+        raise Failed(f"not every container became healthy: {seen}")
+    return states
 
 
 def in_container(compose: list[str], env: dict[str, str], service: str, program: str) -> str:
@@ -545,14 +558,14 @@ def check_failure_drills(compose: list[str], env: dict[str, str], token: str) ->
 def wait_for_updates(compose: list[str], env: dict[str, str], scale: bool) -> dict[str, Any]:
     """At least PPO_UPDATES updates that the policy follows; with ``scale``, the policy is scaled to
     POLICY_REPLICAS replicas once the first is out (see scale_policy)."""
-    deadline = time.monotonic() + PPO_TIMEOUT_S
     seen: list[tuple[int, int]] = []
     trainer = next(c for c in containers() if service_of(c) == "trainer")
     scaled: dict[str, Any] = {}
-    while True:
+
+    def updated() -> bool:
         versions = json.loads(in_container(compose, env, "trainer", VERSIONS))
         if scale and not scaled and versions["trainer"] >= 1:
-            scaled = scale_policy(compose, env)
+            scaled.update(scale_policy(compose, env))
         pair = (versions["trainer"], versions["policy"])
         if not seen or seen[-1] != pair:
             say(
@@ -561,13 +574,14 @@ def wait_for_updates(compose: list[str], env: dict[str, str], scale: bool) -> di
             )
             seen.append(pair)
         if versions["policy"] >= PPO_UPDATES and versions["trainer"] >= PPO_UPDATES:
-            break
+            return True
         restarted = {service_of(c): c["RestartCount"] for c in containers() if c["RestartCount"]}
         if restarted:
             raise Failed(f"containers restarted during training: {restarted}")
-        if time.monotonic() > deadline:
-            raise Failed(f"fewer than {PPO_UPDATES} updates reached the policy in {PPO_TIMEOUT_S}s: {seen}")
-        time.sleep(15)
+        return False
+
+    if not poll_until(updated, PPO_TIMEOUT_S, 15):
+        raise Failed(f"fewer than {PPO_UPDATES} updates reached the policy in {PPO_TIMEOUT_S}s: {seen}")
     if [p for _, p in seen] != sorted(p for _, p in seen):
         raise Failed(f"the policy's version went backwards: {seen}")
     steps = [
@@ -645,9 +659,9 @@ def scale_policy(compose: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 def check_scaled_fleet(compose: list[str], env: dict[str, str], scaled: dict[str, Any]) -> dict[str, Any]:
     """Both replicas serve the newest version in Redis's fleet, and both take prompts after the scale."""
-    deadline = scaled["started"] + SCALED_TIMEOUT_S
-    shown = ""
-    while True:
+    last: dict[str, Any] = {"line": ""}
+
+    def both_serve_and_take() -> bool:
         policies = policy_containers()
         newest, reports = fleet(compose, env)
         # A replica names itself <hostname>-<pid>; the hostname is its container id's first 12 digits.
@@ -657,17 +671,17 @@ def check_scaled_fleet(compose: list[str], env: dict[str, str], scaled: dict[str
         rose = {t: acked.get(t, 0.0) - scaled["acked_before"].get(t, 0.0) for t in policies}
         serving = {t: [f"{r['state']} v{r['version']}" for r in found] for t, found in by_container.items()}
         line = f"newest v{newest}; fleet {serving}; prompts acked since the scale {rose}"
-        if line != shown:
+        if line != last["line"]:
             say(f"  {line}")
-            shown = line
+        last.update(line=line, newest=newest, rose=rose)
         serves = all(len(found) == 1 and found[0]["state"] == "serving" and found[0]["version"] == newest
                      for found in by_container.values())
-        if len(policies) == POLICY_REPLICAS and serves and len(reports) == POLICY_REPLICAS and all(
-                v > 0 for v in rose.values()):
-            break
-        if time.monotonic() > deadline:
-            raise Failed(f"{SCALED_TIMEOUT_S}s after the scale: {line}")
-        time.sleep(15)
+        return len(policies) == POLICY_REPLICAS and serves and len(reports) == POLICY_REPLICAS and all(
+            v > 0 for v in rose.values())
+
+    if not poll_until(both_serve_and_take, scaled["started"] + SCALED_TIMEOUT_S - time.monotonic(), 15):
+        raise Failed(f"{SCALED_TIMEOUT_S}s after the scale: {last['line']}")
+    newest, rose = last["newest"], last["rose"]
     took = time.monotonic() - scaled["started"]
     fleet_metric = {f"{r['metric']['state']} v{r['metric']['version']}": r["value"][1]
                     for r in prometheus_query("ragr1_trainer_fleet_replicas")}

@@ -90,6 +90,7 @@ from ragr1.stack.questions import split_questions, write_jsonl
 from ragr1.stack.scale import Scaler, is_replica, replica_name
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from ragr1.v1 import common_pb2
+from tests.common.waiting import poll_until
 
 WORKER_GROUP = "rollout-workers"
 # The replicas' grace period: short, so that a replica scaled away mid-rollout hands back what it holds.
@@ -480,18 +481,22 @@ class Chaos:
             if not worker.alive():
                 return
             # A load of the 135M model is over in moments: watch the log closely for up to 30 s.
-            log, deadline = worker.log_path, time.monotonic() + 30
+            log = worker.log_path
             offset = log.stat().st_size
-            while time.monotonic() < deadline:
+
+            def loading() -> re.Match[str] | None:  # a load begun and not yet over
                 text = log.read_text(errors="replace")[offset:]
-                loading = re.search(r"weights v(\d+): loading", text)
-                if loading and int(loading[1]) < self.updates and f"weights v{loading[1]}: serving" not in text:
-                    worker.signal(signal.SIGKILL)
-                    fault.detail.update(version=int(loading[1]), killed_at=time.monotonic(),
-                                        trainer_pid=self._trainer_pid, offset=offset)
-                    print(f"chaos: policy-1 SIGKILLed while loading v{loading[1]}", flush=True)
-                    return
-                time.sleep(0.01)
+                found = re.search(r"weights v(\d+): loading", text)
+                if found and int(found[1]) < self.updates and f"weights v{found[1]}: serving" not in text:
+                    return found
+                return None
+
+            began = poll_until(loading, 30, 0.01)
+            if began is not None:
+                worker.signal(signal.SIGKILL)
+                fault.detail.update(version=int(began[1]), killed_at=time.monotonic(),
+                                    trainer_pid=self._trainer_pid, offset=offset)
+                print(f"chaos: policy-1 SIGKILLed while loading v{began[1]}", flush=True)
             return
         if "killed_mid_load" not in fault.detail:
             # The log of the killed process, up to its restart: the load it began never finished.
@@ -584,19 +589,22 @@ def waiting(client: Any, stream: str, group: str) -> list[tuple[bytes, dict[byte
     return [(e, f) for e, f in client.xrange(stream) if e in pending] + client.xrange(stream, min=b"(" + last)
 
 
+def served_version(policy: PolicyClient, updates: int) -> int:
+    """The version a replica serves: the last one, ``updates``, once it has loaded it (it loads the last version
+    the trainer announced after the trainer exited: given 300 s), else what it serves by then."""
+    versions: list[int] = []
+    poll_until(lambda: versions[-1] >= updates, 300, 1.0,
+               step=lambda: versions.append(int(policy.weight_version(timeout=10).version)))
+    return versions[-1]
+
+
 def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) -> dict[str, Any]:
     """What happened to every admitted prompt, from Redis and the last checkpoint; and the replicas' versions."""
     served = {}
     for spec in supervisor.specs:
         if is_replica(spec.name):
             with PolicyClient(spec.target, chaos.options) as policy:
-                # The replicas load the last version the trainer announced after it exited: given time.
-                deadline = time.monotonic() + 300
-                while (version := int(policy.weight_version(timeout=10).version)) < updates:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(1.0)
-                served[spec.name] = version
+                served[spec.name] = served_version(policy, updates)
     assert supervisor.redis is not None
     client: Any = supervisor.redis.client()  # redis-py's replies are typed loosely; used as documented
     latest = Checkpointer(supervisor.run_dir / "trainer" / "checkpoints").latest()
@@ -838,7 +846,8 @@ def descendants(pid: int) -> set[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
@@ -880,19 +889,25 @@ def main(argv: list[str] | None = None) -> int:
         refused = refusals(supervisor)
         chaos = Chaos(supervisor, args.updates, args.seed, args.reclaim_ms)
         trainer = supervisor.processes["trainer"]
-        while True:
+        gave_up: list[str] = []
+
+        def finished() -> bool:  # one round of the run: the supervisor's watch, the scaler, the chaos
             if trainer.process is not None and trainer.process.poll() == 0:
-                break
+                return True
             reason = supervisor.watch(restarts)
             if reason is not None:
-                print(reason, flush=True)
-                return 1
+                gave_up.append(reason)
+                return True
             scaler.tick()
             chaos.step()
-            if time.monotonic() - started > timeout:
-                print(f"the run did not finish in {timeout:.0f} s; logs in {supervisor.log_dir}", flush=True)
-                return 1
-            time.sleep(0.5)
+            return False
+
+        if not poll_until(finished, started + timeout - time.monotonic(), 0.5):
+            print(f"the run did not finish in {timeout:.0f} s; logs in {supervisor.log_dir}", flush=True)
+            return 1
+        if gave_up:
+            print(gave_up[0], flush=True)
+            return 1
         seconds = time.monotonic() - started
         report = audit(supervisor, args.updates, templates, chaos) | {"seconds": round(seconds, 1),
                                                                       "reclaim_idle_ms": args.reclaim_ms}
@@ -905,8 +920,8 @@ def main(argv: list[str] | None = None) -> int:
         report["checks"]["no secret in any file of the run (logs included) or on any command line"] = (
             not report["secrets_exposed"])
     # A killed policy's vLLM processes must not outlive it (they hold the model's memory, and a restart
-    # would fail for want of it): none of those started during the run may be left.
-    time.sleep(2)
+    # would fail for want of it): none of those started during the run may be left 2 s after it.
+    poll_until(lambda: not engine_processes() - before, 2, 0.2)
     report["engine_processes_left"] = len(engine_processes() - before)
     report["checks"]["no vLLM process left behind"] = report["engine_processes_left"] == 0
     (directory / "faults.json").write_text(json.dumps(report, indent=2) + "\n")
