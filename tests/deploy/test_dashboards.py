@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from ragr1.services.common.client import open_channel
 from ragr1.services.common.redis_server import free_port
 from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.common.status_process import start_server
+from tests.common.waiting import wait_for
 from tests.deploy.conftest import DASHBOARDS, ROOT, load_dashboard_generator, tool
 from tests.deploy.dashboards import dashboards, defined_metrics, expressions, filled
 
@@ -106,18 +106,17 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
         base = f"http://127.0.0.1:{prom_port}"
         try:
-            deadline = time.monotonic() + 30
+
             # Ready once two scrapes of the server have landed, so that rate() has something to work on.
-            while True:
+            def scraped_twice() -> bool:
                 assert prom.poll() is None, (tmp / "prometheus.log").read_text()[-2000:]
                 try:
                     samples = _query(base, "count_over_time(ragr1_grpc_server_serving[1m])")["data"]["result"]
-                    if samples and float(samples[0]["value"][1]) >= 2:
-                        break
                 except (OSError, KeyError, ValueError):  # ValueError: 503 while it starts
-                    pass
-                assert time.monotonic() < deadline, "Prometheus never scraped the server twice"
-                time.sleep(0.3)
+                    return False
+                return bool(samples) and float(samples[0]["value"][1]) >= 2
+
+            wait_for(scraped_twice, "Prometheus never scraped the server twice", 30, 0.3)
             yield base
         finally:
             prom.terminate()

@@ -12,11 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ragr1.services.retriever.encoder import DEFAULT_ENCODER, ensure_export, preset
 from ragr1.shipped import ROOT
+from tests.common.waiting import wait_for
 
 PASSAGES = 12
 SHARDS = 2
@@ -86,11 +86,12 @@ def test_two_processes_building_one_index_at_once_both_get_it_whole_and_it_is_bu
         )
         for i in range(2)
     ]
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready-{i}").exists() for i in range(2)):
-        assert time.monotonic() < deadline, "the builders did not start"
+
+    def started() -> bool:
         assert all(c.poll() is None for c in children), [c.communicate() for c in children]
-        time.sleep(0.05)
+        return all((tmp_path / f"ready-{i}").exists() for i in range(2))
+
+    wait_for(started, "the builders did not start", 120, 0.05)
     go.touch()
     results = []
     for child in children:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig
 from ragr1.stack.scale import REQUEST, Scaler, replica_name
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor, port_in_use
+from tests.common.waiting import wait_for
 
 
 def stand_in(i: int) -> ServiceSpec:
@@ -38,12 +38,15 @@ def ragr1_scale(run_dir: Path, *flags: str) -> subprocess.Popen[str]:
 def run_until_done(supervisor: Supervisor, scaler: Scaler, command: subprocess.Popen[str],
                    timeout: float = 120.0) -> str:
     """The `ragr1 up` loop (watch, then the scaler) until ``command`` exits; returns its output."""
-    deadline = time.monotonic() + timeout
-    while command.poll() is None:
-        assert time.monotonic() < deadline, "ragr1 scale did not return"
+
+    def returned() -> bool:
+        if command.poll() is not None:
+            return True
         assert supervisor.watch(RestartPolicy()) is None
         scaler.tick()
-        time.sleep(0.2)
+        return False
+
+    wait_for(returned, "ragr1 scale did not return", timeout, 0.2)
     out = command.stdout.read() if command.stdout else ""
     assert command.returncode == 0, out
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -22,6 +22,7 @@ from ragr1.services.reward.client import RewardClient
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor, port_in_use
 from ragr1.v1 import reward_pb2
+from tests.common.waiting import wait_for
 
 
 def reward_spec() -> ServiceSpec:
@@ -40,15 +41,17 @@ def test_a_started_stack_in_a_with_block_stops_everything_on_exit(tmp_path: Path
     assert not port_in_use("127.0.0.1", redis_port) and not port_in_use("127.0.0.1", reward_port)
 
 
-def watch_until(supervisor: Supervisor, policy: RestartPolicy, done: object, timeout: float = 60.0) -> str | None:
+def watch_until(supervisor: Supervisor, policy: RestartPolicy, done: Callable[[], object],
+                timeout: float = 60.0) -> str | None:
     """Runs the supervisor's watch until ``done()`` holds or it gives up; returns its reason to stop."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reason = supervisor.watch(policy)
-        if reason is not None or done():  # type: ignore[operator]
-            return reason
-        time.sleep(0.1)
-    raise AssertionError("the supervisor neither restarted the service nor gave up in time")
+    reason: list[str | None] = [None]
+
+    def stopped() -> bool:
+        reason[0] = supervisor.watch(policy)
+        return reason[0] is not None or bool(done())
+
+    wait_for(stopped, "the supervisor neither restarted the service nor gave up", timeout, 0.1)
+    return reason[0]
 
 
 def test_a_dead_service_is_restarted_and_one_that_keeps_dying_stops_the_stack(tmp_path: Path) -> None:
