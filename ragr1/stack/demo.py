@@ -462,6 +462,11 @@ class Demo:
                       "to find them: " + " ".join(f"{s['groups_trained']}/{s['groups_sampled']}" for s in rl_steps)
                       + "; mean reward of every sampled rollout, skipped groups included: "
                       + " ".join(f"{s['reward_sampled']:.3f}" for s in rl_steps), flush=True)
+            # Where an update's time goes, from the trainer's own records: collecting (prompts fed, rollouts
+            # waited for and read), the PPO update, the checkpoint written and hashed.
+            print("RL seconds per update, collecting rollouts / updating / checkpointing: "
+                  + " ".join(f"{s['queue_seconds']:.0f}/{s.get('update_seconds', 0.0):.0f}/{s['save_seconds']:.0f}"
+                             for s in rl_steps), flush=True)
         for r in refused:
             print(f"\nno paired gains {r['from']} -> {r['to']}: {r['reason']}", flush=True)
         print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)
