@@ -32,6 +32,8 @@ class StackConfig(Validated):
     max_tokens_per_turn: int = same_as(PolicyConfig, "max_tokens_per_turn")
     tokens_per_query: int = same_as(PolicyConfig, "tokens_per_query")
     max_model_len: int = same_as(PolicyConfig, "max_model_len")
+    # The rollout workers' (RL's) sampling; evaluations ask for greedy decoding per request.
+    temperature: float = same_as(PolicyConfig, "temperature")
     reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's) or f1 "
                           "(token F1: partial credit, a denser signal for small models)")
     kv_cache_gib: int = same_as(PolicyConfig, "kv_cache_gib")

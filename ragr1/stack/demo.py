@@ -458,10 +458,15 @@ class Demo:
                       + " ".join(f"{s['signal_f1']:.2f}" for s in rl_steps) + "; in exact match "
                       + " ".join(f"{s['signal_exact_match']:.2f}" for s in rl_steps), flush=True)
             if self.config.ppo.max_uniform_groups:
-                print("groups skipped for equal scores (dynamic sampling), per update: "
-                      + " ".join(str(s.get("groups_skipped_uniform", 0)) for s in rl_steps)
+                print("dynamic sampling, per update: groups trained (samples scored differently) / groups sampled "
+                      "to find them: " + " ".join(f"{s['groups_trained']}/{s['groups_sampled']}" for s in rl_steps)
                       + "; mean reward of every sampled rollout, skipped groups included: "
                       + " ".join(f"{s['reward_sampled']:.3f}" for s in rl_steps), flush=True)
+            # Where an update's time goes, from the trainer's own records: collecting (prompts fed, rollouts
+            # waited for and read), the PPO update, the checkpoint written and hashed.
+            print("RL seconds per update, collecting rollouts / updating / checkpointing: "
+                  + " ".join(f"{s['queue_seconds']:.0f}/{s.get('update_seconds', 0.0):.0f}/{s['save_seconds']:.0f}"
+                             for s in rl_steps), flush=True)
         for r in refused:
             print(f"\nno paired gains {r['from']} -> {r['to']}: {r['reason']}", flush=True)
         print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)

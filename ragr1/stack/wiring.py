@@ -101,6 +101,7 @@ def policy_spec(config: StackConfig, p: Ports, model: Path, settings: Mapping[st
         "max_tokens_per_turn": config.max_tokens_per_turn, "kv_cache_gib": config.kv_cache_gib,
         "tokens_per_query": config.tokens_per_query, "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs, "max_in_flight": config.max_in_flight,
+        "temperature": config.temperature,
     }
     command = ["serve", "rollout-worker" if worker else "policy"]
     return _spec(name, command, PolicyConfig, {**wiring, **(settings or {})}, port or p.policy, config)

@@ -18,7 +18,8 @@ from ragr1.stack.demo import Demo, demo_config
 
 
 def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> None:
-    config = StackConfig(base_port=40000, num_shards=3, reward="f1", max_turns=3, kv_cache_gib=1, trainer_threads=1)
+    config = StackConfig(base_port=40000, num_shards=3, reward="f1", max_turns=3, kv_cache_gib=1, trainer_threads=1,
+                         temperature=0.7)
     p = wiring.Ports.of(config)
     parser = build_parser()
     *shards, router = wiring.retrieval_specs(config, p, tmp_path / "index")
@@ -39,8 +40,8 @@ def test_every_service_reads_the_settings_the_stack_wrote(tmp_path: Path) -> Non
     assert read["router"].index == str(tmp_path / "index")
     assert (read["reward"].em_weight, read["reward"].f1_weight) == (0.0, 1.0)
     policy = read["policy"]
-    assert (policy.max_turns, policy.kv_cache_gib, policy.worker_name, policy.model) == (
-        3, 1, "policy-1", str(tmp_path / "model"))
+    assert (policy.max_turns, policy.kv_cache_gib, policy.worker_name, policy.model, policy.temperature) == (
+        3, 1, "policy-1", str(tmp_path / "model"), 0.7)
     assert (policy.retriever_address, policy.reward_address, policy.redis_url) == (
         router.target, specs["reward"][0].target, p.redis_url())
     trainer = read["trainer"]

@@ -1,5 +1,5 @@
 """The group buffer alone, on plain deliveries: batches of whole groups, duplicates, groups dropped whole
-(stale or with a dead-lettered member), and dynamic sampling's cap per update."""
+(stale or with a dead-lettered member), and dynamic sampling: uniform groups never trained, a bound per update."""
 
 from __future__ import annotations
 
@@ -106,39 +106,38 @@ def test_a_group_with_a_rejected_member_is_dropped_as_incomplete() -> None:
     assert rollouts("incomplete_group") == before + 2
 
 
-def test_dynamic_sampling_skips_uniform_complete_groups_up_to_the_cap_per_update() -> None:
-    groups, settled = buffer(batch_size=4, max_uniform_groups=1)
+def test_dynamic_sampling_keeps_uniform_groups_out_of_every_batch_and_counts_them_against_its_bound() -> None:
+    groups, settled = buffer(batch_size=4, max_uniform_groups=2)
     before = rollouts("uniform_group")
     groups.admit(
         [
             deliver("u1", "U"),  # uniform but incomplete: it waits like any group
             deliver("a1", "A"), deliver("a2", "A"),  # both 1: nothing to learn
             deliver("d1", "D"), deliver("d2", "D", score=0.0),
-            deliver("g1", "G", score=0.0), deliver("g2", "G", score=0.0),
         ],
         set(),
     )
+    assert groups.ready() == 0  # D is complete but not looked at yet: only groups found to differ count
     groups.skip_uniform()
-    # A is skipped; G is uniform too but past the cap of one per update, so it stays to be trained.
     assert settled.calls == [(["a1", "a2"], True)] and groups.skipped == [[1.0, 1.0]]
-    assert ids(groups.buffered) == ["u1", "d1", "d2", "g1", "g2"]
+    assert ids(groups.buffered) == ["u1", "d1", "d2"] and groups.ready() == 2
     assert rollouts("uniform_group") == before + 2
+    assert not groups.exhausted()  # one of two skipped: sampling goes on for a full batch
+    groups.admit([deliver("g1", "G", score=0.0), deliver("g2", "G", score=0.0), deliver("u2", "U")], set())
     groups.skip_uniform()
-    assert groups.skipped == [[1.0, 1.0]]  # still this update's cap
+    # G and U are skipped too: a uniform group is never trained, whatever the bound.
+    assert settled.ids == ["a1", "a2", "u1", "u2", "g1", "g2"] and len(groups.skipped) == 3  # oldest first
+    assert groups.exhausted() and groups.ready() == 2  # past the bound: the update takes D alone
+    assert ids(groups.take_batch()) == ["d1", "d2"]
     groups.new_update()
-    assert groups.skipped == []
-    groups.skip_uniform()  # the next update may skip one again: G
-    assert settled.ids == ["a1", "a2", "g1", "g2"] and groups.skipped == [[0.0, 0.0]]
-    groups.admit([deliver("u2", "U")], set())
-    groups.skip_uniform()
-    assert ids(groups.buffered) == ["u1", "d1", "d2", "u2"]  # U, complete and uniform, is past the cap
+    assert groups.skipped == [] and not groups.exhausted()
 
 
 def test_dynamic_sampling_is_off_by_default() -> None:
     groups, settled = buffer()
     groups.admit([deliver("a1", "A"), deliver("a2", "A")], set())
     groups.skip_uniform()
-    assert settled.calls == [] and groups.skipped == [] and groups.ready() == 2
+    assert settled.calls == [] and groups.skipped == [] and groups.ready() == 2 and not groups.exhausted()
 
 
 @pytest.mark.parametrize(
@@ -154,6 +153,8 @@ class PlainBuffer:
 
     def __init__(self, config: PPOConfig, settle: Any) -> None:
         self.config, self.settle, self.buffer, self.dropped, self.skipped = config, settle, [], {}, []
+        self.dynamic = config.max_uniform_groups > 0 and config.samples_per_prompt > 1
+        self.examined: list[Delivery[Any]] = []  # members of complete groups found to have a spread
 
     def group(self, rollout: Any) -> str:
         return str(rollout.id) if self.config.samples_per_prompt <= 1 else str(rollout.group_id or rollout.task_id)
@@ -199,23 +200,29 @@ class PlainBuffer:
             by.setdefault(self.group(d.message), []).append(d)
         return [members[:size] for members in by.values() if len(members) >= size]
 
+    def batchable(self) -> list[list[Delivery[Any]]]:
+        if not self.dynamic:
+            return self.complete()
+        return [g for g in self.complete() if has_spread([d.message.reward.total for d in g])
+                and all(any(d is x for x in self.examined) for d in g)]
+
     def ready(self) -> int:
-        return sum(len(g) for g in self.complete())
+        return sum(len(g) for g in self.batchable())
 
     def skip_uniform(self) -> None:
-        if self.config.samples_per_prompt <= 1:
+        if not self.dynamic:
             return
         for members in self.complete():
-            if len(self.skipped) >= self.config.max_uniform_groups:
-                return
             scores = [d.message.reward.total for d in members]
             if not has_spread(scores):
                 self.buffer = [d for d in self.buffer if all(d is not m for m in members)]
                 self.settle(members)
                 self.skipped.append(scores)
+            else:
+                self.examined += members
 
     def take_batch(self) -> list[Delivery[Any]]:
-        batch = [d for g in self.complete() for d in g][: self.config.batch_size]
+        batch = [d for g in self.batchable() for d in g][: self.config.batch_size]
         self.buffer = [d for d in self.buffer if all(d is not b for b in batch)]
         return batch
 

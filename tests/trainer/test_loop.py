@@ -20,7 +20,7 @@ from ragr1.services.common import fleet
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, WORKERS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
-from ragr1.services.trainer.loop.ppo_loop import PPOLoop, check_rollout, to_sample
+from ragr1.services.trainer.loop.ppo_loop import NoSignal, PPOLoop, check_rollout, to_sample
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.publisher import WeightPublisher
 from ragr1.services.trainer.steplog import StepLog
@@ -144,10 +144,10 @@ def test_batches_hold_whole_groups_and_a_group_is_dropped_whole(
     assert loop.rollouts.pending() == 0  # c1, e1 and e2 were settled without training
 
 
-def test_dynamic_sampling_skips_groups_of_equal_scores_up_to_the_cap(
+def test_dynamic_sampling_trains_only_groups_whose_scores_differ_and_stops_when_its_bound_finds_none(
     redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=4, samples_per_prompt=2, max_uniform_groups=1)
+    loop = make_loop(redis_client, tiny_model_dir, tmp_path, batch_size=4, samples_per_prompt=2, max_uniform_groups=3)
     skipped_before = REGISTRY.get_sample_value("ragr1_trainer_rollouts_total", {"outcome": "uniform_group"}) or 0.0
     produce(
         redis_client,
@@ -160,26 +160,33 @@ def test_dynamic_sampling_skips_groups_of_equal_scores_up_to_the_cap(
     )
     loop.rollouts.ensure_group()
     loop.prompts.ensure_group()
-    loop.collect()
+    assert loop.collect()
     first = loop.train_batch()
-    # A is skipped; G is uniform too but past the cap of one per update, so it is trained like any group.
-    assert sorted(first["rollout_ids"]) == ["d1", "d2", "g1", "g2"]
-    assert first["groups_skipped_uniform"] == 1
-    # The trained batch's mean leaves the skipped group out; the sampled mean (the learning curve) keeps it.
-    assert first["reward_total"] == pytest.approx(0.25)
-    assert first["reward_sampled"] == pytest.approx(3 / 6) and first["rollouts_sampled"] == 6
-    assert loop.rollouts.is_done("a1") and loop.rollouts.is_done("a2")  # settled, not left pending
+    # A and G are skipped (two of the bound's three); the batch is D and H, both with a spread.
+    assert sorted(first["rollout_ids"]) == ["d1", "d2", "h1", "h2"] and first["signal_total"] == 1.0
+    assert (first["groups_trained"], first["groups_skipped_uniform"], first["groups_sampled"]) == (2, 2, 4)
+    # The trained batch's mean leaves the skipped groups out; the sampled mean (the learning curve) keeps them.
+    assert first["reward_total"] == pytest.approx(1.5 / 4)
+    assert first["reward_sampled"] == pytest.approx(3.5 / 8) and first["rollouts_sampled"] == 8
+    assert all(loop.rollouts.is_done(i) for i in ("a1", "a2", "g1", "g2"))  # settled, not left pending
     after = REGISTRY.get_sample_value("ragr1_trainer_rollouts_total", {"outcome": "uniform_group"})
-    assert after == skipped_before + 2
-    # The cap is per update: the next batch may skip again, and H (0 against 0.5) is kept.
+    assert after == skipped_before + 4
+    # The bound is per update. Here it is reached with one group with a spread: the update trains that one.
     produce(redis_client, [make_rollout("k1", group="K"), make_rollout("k2", group="K"),
-                           make_rollout("m1", group="M", score=0.0), make_rollout("m2", group="M", score=1.0)])
-    loop.collect()
+                           make_rollout("m1", group="M", score=0.0), make_rollout("m2", group="M", score=1.0),
+                           make_rollout("n1", group="N", score=0.0), make_rollout("n2", group="N", score=0.0),
+                           make_rollout("r1", group="R", score=0.0), make_rollout("r2", group="R", score=0.0)])
+    assert loop.collect()
     second = loop.train_batch()
-    assert sorted(second["rollout_ids"]) == ["h1", "h2", "m1", "m2"]
-    assert second["groups_skipped_uniform"] == 1 and second["signal_total"] == 1.0
-    assert second["reward_sampled"] == pytest.approx((1.5 + 2) / 6)  # only this update's skipped group
-    assert loop.rollouts.pending() == 0
+    assert sorted(second["rollout_ids"]) == ["m1", "m2"]
+    assert (second["groups_trained"], second["groups_skipped_uniform"], second["groups_sampled"]) == (1, 3, 4)
+    assert loop.version == 2
+    # Reached with none: training stops and says why, and nothing uniform was trained.
+    produce(redis_client, [make_rollout(f"{g.lower()}{i}", 2, group=g, score=score)
+                           for g, score in (("P", 1.0), ("Q", 0.0), ("S", 0.5)) for i in (1, 2)])
+    with pytest.raises(NoSignal, match=r"all 3 groups sampled for update 3 scored alike.*max_uniform_groups \(now 3\)"):
+        loop.collect()
+    assert loop.version == 2 and loop.rollouts.pending() == 0
 
 
 def test_weight_sync_alarm_fires_when_the_behaviour_log_probs_are_not_the_trainers(

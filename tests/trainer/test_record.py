@@ -69,6 +69,7 @@ def test_the_step_record_of_an_update(tmp_path: Path) -> None:
     assert (r["signal_total"], r["signal_exact_match"], r["signal_f1"]) == (0.5, 0.5, 1.0)
     # The batch holds only groups with a spread; the sampled mean keeps the two groups skipped for it.
     assert r["groups_skipped_uniform"] == 2 and r["rollouts_sampled"] == 8
+    assert (r["groups_trained"], r["groups_sampled"]) == (2, 4)
     assert r["reward_sampled"] == pytest.approx((3.0 + 2.0) / 8)
     assert (r["staleness_mean"], r["staleness_max"]) == (1.0, 2)
     assert r["queue_seconds"] == 1.0 and r["queue_share"] == pytest.approx(1.0 / (1.0 + 3.0))

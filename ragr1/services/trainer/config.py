@@ -263,8 +263,10 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     batch_size: int = setting(16, "rollouts per update")
     max_uniform_groups: int = setting(
         0,
-        "dynamic sampling (DAPO's): groups whose samples all scored the same are skipped, up to this many per "
-        "update, and more prompts sampled instead; 0 trains every group (RAG-R1's)",
+        "dynamic sampling (DAPO's) and its bound: a batch takes only groups whose samples scored differently, "
+        "and prompts are sampled until a batch of them is in or this many groups of equal scores were skipped "
+        "for the update (it then trains the ones it has; with none, training stops with an error, as DAPO's "
+        "does); 0 trains every group (RAG-R1's)",
     )
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
     start_version: int = setting(

@@ -19,9 +19,11 @@ Guarantees, and how:
   stale or dead-lettered member is dropped whole.
 - **Dynamic sampling** (DAPO's, verl's ``filter_groups``), when ``max_uniform_groups`` > 0: a complete group
   whose members all scored the same total has a group-relative advantage of zero and teaches nothing, so it
-  is settled without training and the loop collects further groups instead, up to ``max_uniform_groups``
-  per update; past that cap uniform groups are trained as usual (verl stops with an error instead, which on
-  questions too hard for the model would end the run).
+  is settled without training and never enters a batch; the loop samples further prompts until a batch of
+  groups with a spread is in. The bound is DAPO's too: once an update has skipped ``max_uniform_groups``
+  groups it trains the groups with a spread it holds, fewer than a batch if need be (DAPO would raise there;
+  on two cores a smaller batch now beats more sampling); with none it stops with ``NoSignal``, which names
+  the problem, as DAPO does. So no update trains on groups that cannot teach.
 - **Weight-sync check.** For the rollouts sampled at the trainer's own version or one version behind
   (most of a batch when rollouts overlap updates; the updater keeps the weights before its last
   update), the trainer's log-probs under the weights that sampled them must equal the ones vLLM

@@ -1,6 +1,6 @@
 """The rollouts read and not yet trained, by group (the samples of one prompt, which GRPO compares with
 each other): a batch holds only complete groups, a group with a stale or dead-lettered member is dropped
-whole, and dynamic sampling skips complete groups that teach nothing."""
+whole, and dynamic sampling keeps groups that teach nothing out of every batch."""
 
 from __future__ import annotations
 
@@ -50,14 +50,17 @@ class GroupBuffer:
         self._ids: set[str] = set()
         self._arrivals = itertools.count()
         self._complete: set[str] = set()
-        # Complete groups dynamic sampling has not looked at yet, by first arrival.
+        # Complete groups dynamic sampling has not looked at yet, by first arrival; and those it found to have a
+        # spread, which are the only ones a batch takes while it is on.
         self._unexamined: list[tuple[int, str]] = []
+        self._informative: set[str] = set()
         # Groups to settle at the next ``drop``: a stale member, or dropped before.
         self._marked: set[str] = set()
         self._checked_version: int | None = None
         # Groups dropped whole, by reason ("stale", "incomplete"): their later members are dropped too.
         self._dropped: dict[str, str] = {}
-        # The total rewards of each group dynamic sampling skipped since the last update: with them, the mean
+        # The total rewards of each group dynamic sampling skipped since the last update (its bound counts them):
+        # with them, the mean
         # reward of everything the policy was sampled on, which is the curve that shows learning (the
         # trained batch holds only groups with a spread, so its mean stays near the middle by design).
         self.skipped: list[list[float]] = []
@@ -65,6 +68,16 @@ class GroupBuffer:
     @property
     def size(self) -> int:
         return max(1, self.config.samples_per_prompt)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether dynamic sampling is on: only groups whose members scored differently are trained."""
+        return self.config.max_uniform_groups > 0 and self.config.samples_per_prompt > 1
+
+    def exhausted(self) -> bool:
+        """Whether this update skipped as many uniform groups as dynamic sampling's bound allows: it trains on
+        the groups with a spread it holds, fewer than a batch's worth if need be."""
+        return self.dynamic and len(self.skipped) >= self.config.max_uniform_groups
 
     @property
     def buffered(self) -> list[Delivery[Any]]:
@@ -132,6 +145,7 @@ class GroupBuffer:
         for _, d in taken:
             self._ids.discard(d.message.id)
         self._complete.discard(key)
+        self._informative.discard(key)
         if rest:  # members past the group's size: a group of their own now, placed by its first one
             self._groups[key] = rest
             self._first[key] = rest[0][0]
@@ -176,25 +190,28 @@ class GroupBuffer:
         return [[d for _, d in self._groups[key][: self.size]]
                 for key in sorted(self._complete, key=self._first.__getitem__)]
 
+    def _batchable(self) -> set[str]:
+        return self._informative if self.dynamic else self._complete
+
     def ready(self) -> int:
-        """Rollouts in complete groups: what a batch can be taken from."""
-        return self.size * len(self._complete)
+        """Rollouts in the groups a batch can be taken from: complete ones, and with dynamic sampling only
+        those whose members scored differently."""
+        return self.size * len(self._batchable())
 
     def skip_uniform(self) -> None:
-        """Dynamic sampling: settles, without training, complete groups whose members all scored the same
-        total, while this update's cap (``max_uniform_groups``) allows; each complete group is looked at once
-        (its first members, the ones a batch takes, do not change), oldest first."""
-        if self.config.samples_per_prompt <= 1:
+        """Dynamic sampling (DAPO's): settles, without training, every complete group whose members all scored
+        the same total (its group-relative advantage is zero), and marks the others for batches; each complete
+        group is looked at once (its first members, the ones a batch takes, do not change), oldest first."""
+        if not self.dynamic:
             return
         while self._unexamined:
-            if len(self.skipped) >= self.config.max_uniform_groups:
-                return
             first, key = heapq.heappop(self._unexamined)
             if key not in self._complete or self._first.get(key) != first:
                 continue  # taken or dropped since
             members = [d for _, d in self._groups[key][: self.size]]
             scores = [d.message.reward.total for d in members]
             if has_spread(scores):
+                self._informative.add(key)
                 continue
             self._remove(key, self.size)
             self._settle(members)
@@ -203,14 +220,14 @@ class GroupBuffer:
             log.info("skipped a group of %d rollouts that all scored %.3f (dynamic sampling)", len(members), scores[0])
 
     def take_batch(self) -> list[Delivery[Any]]:
-        """Up to ``batch_size`` rollouts of complete groups, oldest groups first, out of the buffer."""
+        """Up to ``batch_size`` rollouts of the groups ``ready`` counts, oldest groups first, out of the buffer."""
         batch: list[Delivery[Any]] = []
-        for key in sorted(self._complete, key=self._first.__getitem__):
+        for key in sorted(self._batchable(), key=self._first.__getitem__):
             if len(batch) >= self.config.batch_size:
                 break
             batch += self._remove(key, self.size)
         return batch[: self.config.batch_size]
 
     def new_update(self) -> None:
-        """The cap of dynamic sampling is per update: the next one may skip as many groups again."""
+        """The bound of dynamic sampling is per update: the next one may skip as many groups again."""
         self.skipped = []

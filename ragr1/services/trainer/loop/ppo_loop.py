@@ -34,6 +34,10 @@ from ragr1.v1 import common_pb2
 log = logging.getLogger(__package__)
 
 
+class NoSignal(RuntimeError):
+    """Dynamic sampling reached its bound without one group whose samples scored differently."""
+
+
 class Updater(Protocol):
     def update(self, samples: Sequence[Sample]) -> dict[str, float]: ...
 
@@ -210,11 +214,26 @@ class PPOLoop:
     def _drop_groups(self) -> None:
         self.status.rollouts_dropped_stale += self.groups.drop(self.version)
 
-    def collect(self) -> None:
-        """Feeds prompts and reads rollouts until a batch of whole groups is buffered (or a stop is asked for)."""
+    def collect(self) -> bool:
+        """Feeds prompts and reads rollouts until a batch of whole groups is buffered; returns whether one is
+        (False: a stop was asked for). With dynamic sampling, a batch of groups whose members scored
+        differently; once the update has skipped ``max_uniform_groups`` uniform groups, the ones it holds, however
+        few; none at all stops training with ``NoSignal``."""
         c = self.config
         self._drop_groups()
-        while self.groups.ready() < c.batch_size and not self.stop_event.is_set():
+        while not self.stop_event.is_set():
+            if self.groups.ready() >= c.batch_size:
+                return True
+            if self.groups.exhausted():
+                if self.groups.ready():
+                    return True
+                raise NoSignal(
+                    f"dynamic sampling: all {len(self.groups.skipped)} groups sampled for update {self.version + 1} "
+                    f"scored alike (every sample of a prompt the same total reward), so none has an advantage to "
+                    f"train on: the prompts are too hard (or too easy) for this policy. Give prompts it answers "
+                    f"sometimes, a denser reward, more samples_per_prompt or a larger max_uniform_groups "
+                    f"(now {c.max_uniform_groups}); DAPO stops at its bound too"
+                )
             start = time.perf_counter()
             self.admission.feed(self.version)
             wanted = max(c.samples_per_prompt, c.batch_size - self.groups.ready())
@@ -225,6 +244,7 @@ class PPOLoop:
             self._queue_seconds += time.perf_counter() - start
             metrics.QUEUE_DEPTH.labels(PROMPTS).set(self.prompts.depth())
             metrics.QUEUE_DEPTH.labels(ROLLOUTS).set(self.rollouts.pending())
+        return False
 
     def _watch(self) -> None:
         """Every ``fleet_poll_seconds``: the replicas' reports read, exported and checked (``Publisher.watch``
@@ -318,8 +338,7 @@ class PPOLoop:
         updates = self.config.max_updates
         limit = self.config.start_version + updates
         while not self.stop_event.is_set() and (updates <= 0 or self.version < limit):
-            self.collect()
-            if self.groups.ready() >= self.config.batch_size:
+            if self.collect():
                 record = self.train_batch()
                 log.info(
                     "update %d: reward %.3f, entropy %.3f, likelihood change %s, clip fraction %.3f, log-prob gap "

@@ -113,6 +113,10 @@ def step_record(
     }
     if groups is not None:
         record.update(signals(rollouts, groups))
+        # With dynamic sampling: how many groups with a spread the update trained, and how many were sampled to
+        # find them (the skipped uniform ones too).
+        record["groups_trained"] = len(set(groups))
+        record["groups_sampled"] = len(set(groups)) + len(skipped)
     record.update(
         {
             "staleness_mean": sum(staleness) / len(staleness),
