@@ -18,12 +18,18 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragr1.services.common.config import Validated, check_at_least, setting
+from ragr1.services.common.streams import StreamQueue
 from ragr1.services.policy import metrics
-from ragr1.services.policy.agent import Trajectory
-from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, _either
+from ragr1.services.policy.agent import Sampling, Trajectory
+from ragr1.services.policy.rollouts import Scorer
+from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, WorkerSettings, _either
+from ragr1.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from ragr1.services.policy.runtime import Policy
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +92,19 @@ class StreamingRolloutWorker(RolloutWorker):
     those waiting on a search, up to twice the batch in all). Running trajectories are those started and not
     ended: the finished samples of a group waiting for its last one free their place at once."""
 
-    def __init__(self, *args: Any, max_in_flight: int | EngineBatch, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        policy: Policy,
+        scorer: Scorer,
+        prompts: StreamQueue[common_pb2.PromptTask],
+        rollouts: StreamQueue[common_pb2.Rollout],
+        sampling: Sampling,
+        settings: WorkerSettings,
+        *,
+        accepting: asyncio.Event | None = None,
+        max_in_flight: int | EngineBatch,
+    ) -> None:
+        super().__init__(policy, scorer, prompts, rollouts, sampling, settings, accepting=accepting)
         self.limit = max_in_flight
         # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
