@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -138,6 +139,6 @@ def test_idle_workers_split_a_batch_and_busy_ones_do_not() -> None:
     ({"workers": 0}, "workers must be at least 1"),
     ({"max_wait_s": -0.001}, "max_wait_s must be at least 0"),
 ])
-def test_batching_out_of_range_is_refused_by_name(changes: dict[str, float], message: str) -> None:
+def test_batching_out_of_range_is_refused_by_name(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(ONE_BY_ONE, **changes)

@@ -88,7 +88,7 @@ def build_worker(
         return worker_class(*parts, accepting=accepting)
     limit: int | EngineBatch = config.max_in_flight or EngineBatch(
         engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW)
-    worker = worker_class(*parts, accepting=accepting, max_in_flight=limit)
+    worker = worker_class(*parts, accepting=accepting, limit=limit)
     log.info("rollout worker %s keeps %s %d trajectories running (max_in_flight %d; max_num_seqs %d, "
              "trajectories of up to %d tokens)", name, "at most" if config.max_in_flight else "its engine's",
              worker.max_in_flight, config.max_in_flight, config.max_num_seqs, config.trajectory_tokens())

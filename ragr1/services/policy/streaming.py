@@ -87,7 +87,8 @@ class EngineBatch:
 
 
 class StreamingRolloutWorker(RolloutWorker):
-    """``max_in_flight``: a number is a hard cap on running trajectories (a group starts only when all its samples
+    """``limit``, of the trajectories running (``max_in_flight``'s, or its engine's: ``server.build_worker``): a
+    number is a hard cap on running trajectories (a group starts only when all its samples
     fit); an ``EngineBatch`` is the engine's batch kept full (a group starts while fewer than it run, not counting
     those waiting on a search, up to twice the batch in all). Running trajectories are those started and not
     ended: the finished samples of a group waiting for its last one free their place at once."""
@@ -102,10 +103,10 @@ class StreamingRolloutWorker(RolloutWorker):
         settings: WorkerSettings,
         *,
         accepting: asyncio.Event | None = None,
-        max_in_flight: int | EngineBatch,
+        limit: int | EngineBatch,
     ) -> None:
         super().__init__(policy, scorer, prompts, rollouts, sampling, settings, accepting=accepting)
-        self.limit = max_in_flight
+        self.limit = limit
         # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
         self._running = 0
