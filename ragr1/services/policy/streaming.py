@@ -18,18 +18,16 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ragr1.services.common.config import Validated, check_at_least, setting
 from ragr1.services.common.streams import StreamQueue
 from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import Sampling, Trajectory
 from ragr1.services.policy.rollouts import Scorer
+from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, WorkerSettings, _either
 from ragr1.v1 import common_pb2
-
-if TYPE_CHECKING:
-    from ragr1.services.policy.runtime import Policy
 
 log = logging.getLogger(__name__)
 

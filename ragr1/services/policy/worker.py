@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ragr1.services.common.config import Validated, check_at_least, check_choice, same_as, setting
 from ragr1.services.common.errors import InvalidArgument
@@ -41,10 +41,8 @@ from ragr1.services.common.streams import MAX_BACKOFF_MS, Delivery, StreamQueue
 from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import Sampling, Trajectory, TrajectoryStatus
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
+from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
-
-if TYPE_CHECKING:  # the policy's module picks its loop's worker from here (loops.py)
-    from ragr1.services.policy.runtime import Policy
 
 log = logging.getLogger(__name__)
 
