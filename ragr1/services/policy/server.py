@@ -70,8 +70,8 @@ def build_worker(
 ) -> RolloutWorker:
     """The worker of a replica, the one ``loops.WORKERS`` gives the policy's rollout loop: asked to stop, it finishes
     or hands back what it holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``). The async
-    worker keeps as many
-    trajectories running as ``engine`` runs at once (``EngineBatch``), unless ``max_in_flight`` caps them."""
+    worker keeps as many trajectories running as ``engine`` runs at once (``EngineBatch``), unless
+    ``max_in_flight`` caps them."""
     prompts = StreamQueue(
         client,
         PROMPTS,
