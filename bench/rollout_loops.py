@@ -48,9 +48,10 @@ from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue  # noqa
 from ragr1.services.policy.agent import GenerationRequest, LoopConfig, Sampling  # noqa: E402
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer  # noqa: E402
 from ragr1.services.policy.engine import EngineSettings, VllmEngine  # noqa: E402
-from ragr1.services.policy.runtime import ASYNC, LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings  # noqa: E402
+from ragr1.services.policy.loops import RolloutLoopSettings  # noqa: E402
+from ragr1.services.policy.runtime import ASYNC, LOCKSTEP, Policy, RolloutLimits  # noqa: E402
 from ragr1.services.policy.streaming import StreamingRolloutWorker  # noqa: E402
-from ragr1.services.policy.worker import RolloutWorker  # noqa: E402
+from ragr1.services.policy.worker import RolloutWorker, WorkerSettings  # noqa: E402
 from ragr1.services.retriever.config import RouterConfig, ShardConfig  # noqa: E402
 from ragr1.shipped import read_jsonl, train_path  # noqa: E402
 from ragr1.stack.config import StackConfig  # noqa: E402
@@ -141,14 +142,14 @@ class Bench:
                         model_dir=self.engine.model, default_sampling=self.sampling, limits=RolloutLimits(),
                         schedule=RolloutLoopSettings(rollout_loop=loop))
         # Nothing fails here: a failed prompt would be tried again at once.
-        common: dict[str, Any] = dict(block_ms=50, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                                      retry_backoff_seconds=0.0, retry_backoff_max_seconds=0.0)
+        settings = WorkerSettings(worker_block_ms=50, retry_backoff_seconds=0.0, retry_backoff_max_seconds=0.0,
+                                  grace_seconds=0.0)
         worker = (
-            StreamingRolloutWorker(policy, scorer, prompts, rollouts, self.sampling, batch=1, max_in_flight=size,
-                                   **common)
+            StreamingRolloutWorker(policy, scorer, prompts, rollouts, self.sampling,
+                                   dataclasses.replace(settings, worker_batch=1), limit=size)
             if loop == ASYNC
-            else RolloutWorker(policy, scorer, prompts, rollouts, self.sampling, batch=max(1, size // samples),
-                               **common)
+            else RolloutWorker(policy, scorer, prompts, rollouts, self.sampling,
+                               dataclasses.replace(settings, worker_batch=max(1, size // samples)))
         )
         wanted = len(self.tasks) * samples
         occupancy = self.engine.occupancy

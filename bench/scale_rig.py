@@ -241,9 +241,7 @@ def build_replica(spec: RunSpec, name: str, tokenizer: Any, bank: TurnBank, hist
                     default_sampling=Sampling.of(config), limits=config, in_flight=config.in_flight_policy(),
                     engine_seed=config.seed, schedule=config)
     client = config.redis_client()
-    follower = WeightFollower(policy, client, name, heartbeat_seconds=config.heartbeat_seconds,
-                              checkpoint_wait_seconds=config.checkpoint_wait_seconds,
-                              retry_seconds=config.refusal_retry_seconds, set_serving=no_health)
+    follower = WeightFollower(policy, client, name, config.follower_settings(), set_serving=no_health)
     worker = build_worker(config, policy, scorer, client, name, follower.accepting, engine=engine)
     return Replica(name, engine, worker, follower, policy, search, scorer)
 

@@ -13,9 +13,20 @@ import collections
 import dataclasses
 import inspect
 from pathlib import Path
+from typing import Any, cast
+
+import pytest
 
 from ragr1.docgen.settings import commands
-from ragr1.services.common.config import home_of, section_of
+from ragr1.services.common.config import flag_name, home_of, section_of, settings_of
+from ragr1.services.policy.config import PolicyConfig
+from ragr1.services.policy.follower import FollowerSettings, WeightFollower
+from ragr1.services.policy.loops import WORKERS, RolloutLoopSettings
+from ragr1.services.policy.streaming import StreamingRolloutWorker
+from ragr1.services.policy.worker import RolloutWorker, WorkerSettings
+from ragr1.services.retriever.batching import Batching, MicroBatcher
+from ragr1.services.retriever.config import RouterConfig, ShardConfig
+from ragr1.services.retriever.router import Router, RouterSettings
 
 # Same name, different settings: each command's own, with its own default and help.
 DISTINCT = {
@@ -169,5 +180,110 @@ def test_the_services_core_classes_are_the_homes_of_their_settings() -> None:
         "pq_m": "ragr1.services.retriever.index.IndexParams",
         "max_top_k": "ragr1.services.retriever.router.SearchLimits",
         "max_restarts": "ragr1.stack.supervisor.RestartPolicy",
+        "worker_batch": "ragr1.services.policy.worker.WorkerSettings",
+        "heartbeat_seconds": "ragr1.services.policy.follower.FollowerSettings",
+        "rollout_loop": "ragr1.services.policy.loops.RolloutLoopSettings",
+        "query_cache_size": "ragr1.services.retriever.router.RouterSettings",
     }
     assert {name: homes[name] for name in expected} == {name: {home} for name, home in expected.items()}
+
+
+# The services' parts that take a settings object whole, as vLLM's take their config: the part, the class of
+# that object, and the config of the service, which is the object's settings (a flag each) and makes it.
+PARTS: list[tuple[type, type, type]] = [
+    (RolloutWorker, WorkerSettings, PolicyConfig),
+    (StreamingRolloutWorker, WorkerSettings, PolicyConfig),
+    (WeightFollower, FollowerSettings, PolicyConfig),
+    (Router, RouterSettings, RouterConfig),
+]
+# A micro-batcher's settings are its server's (the router's encoder batches, a shard's searches), renamed.
+BATCHERS: list[tuple[type, type, type]] = [
+    (MicroBatcher, Batching, RouterConfig), (MicroBatcher, Batching, ShardConfig),
+]
+# The router's config with the two settings that have no default (an index, its shards) and no other.
+ROUTER = RouterConfig(index="index", shards=["shard:1"])
+
+
+def wrong_parameters(part: type, settings: type, config: type) -> list[str]:
+    """What in ``part``'s constructor breaks the rule: take ``settings`` whole, as one parameter without a default,
+    and no setting as a loose value or with a default of the constructor's own."""
+    parameters = list(inspect.signature(part.__init__).parameters.values())[1:]  # type: ignore[misc]
+    whole = [p for p in parameters if p.annotation in (settings, settings.__name__)]
+    fields = {f.name for f in dataclasses.fields(settings)}
+    names = {name for name, _, _ in settings_of(config)}
+    wrong = [] if len(whole) == 1 else [f"{len(whole)} parameters of type {settings.__name__}, not one"]
+    for p in parameters:
+        if p in whole and p.default is not p.empty:
+            wrong.append(f"{p.name}: the settings object has a default ({p.default!r})")
+        if p.name in fields:
+            wrong.append(f"{p.name}: a setting passed alone instead of in {settings.__name__}")
+        elif p.name in names and p.default is not p.empty:
+            wrong.append(f"{p.name}: a second default ({p.default!r}) of {config.__name__}'s setting")
+    return wrong
+
+
+@pytest.mark.parametrize(("part", "settings", "config"), PARTS + BATCHERS)
+def test_each_part_takes_its_settings_whole_with_no_default_of_its_own(part: type, settings: type,
+                                                                        config: type) -> None:
+    assert not wrong_parameters(part, settings, config), part.__qualname__
+
+
+@pytest.mark.parametrize(("part", "settings", "config"), PARTS)
+def test_each_setting_of_a_part_is_its_services_setting_with_a_flag(part: type, settings: type, config: type) -> None:
+    """Every field of the settings object is a setting of the service's config, taken from the one definition (so
+    with one default and one help), with its flag on each command the config configures."""
+    names = {name for name, _, _ in settings_of(config)}
+    fields = [f.name for f in dataclasses.fields(settings)]
+    assert set(fields) <= names, set(fields) - names
+    assert {name: home_of(config, name) for name in fields} == {name: home_of(settings, name) for name in fields}
+    parsers = [c.parser for c in commands() if c.config_class is config]
+    assert parsers
+    for parser in parsers:
+        flags = {option for action in parser._actions for option in action.option_strings}
+        assert {flag_name(name) for name in fields} <= flags
+
+
+def test_the_parts_made_from_default_configs_have_the_configs_defaults() -> None:
+    """The servers' way to each part (the config's method) gives it the config's values, which by default are the
+    settings' defaults: nothing on the way has a default of its own."""
+    policy = PolicyConfig()
+    assert policy.worker_settings() == WorkerSettings() and policy.follower_settings() == FollowerSettings()
+    assert ROUTER.router_settings() == RouterSettings()
+    nothing = cast(Any, None)
+
+    worker = RolloutWorker(nothing, nothing, nothing, nothing, nothing, policy.worker_settings())
+    assert worker.settings == WorkerSettings()
+    assert worker.leave_seconds + worker.margin == policy.grace_seconds
+    follower = WeightFollower(nothing, nothing, "w", policy.follower_settings(), set_serving=nothing)
+    assert follower.settings == FollowerSettings()
+
+    router = Router(nothing, [nothing], ROUTER.router_settings())
+    assert router.settings == RouterSettings()
+    batcher = router._embedder.settings
+    assert batcher == Batching(max_batch_rows=ROUTER.max_batch_rows, max_wait_s=ROUTER.max_wait_ms / 1000,
+                               workers=ROUTER.encoder_workers, split_when_idle=ROUTER.encoder_split_when_idle)
+    assert router._cache.size == ROUTER.query_cache_size
+    router._embedder._executor.shutdown()
+
+
+def test_the_package_makes_a_parts_settings_only_from_its_config() -> None:
+    """A settings object made by hand in the package (``WorkerSettings()`` in a server) would run the part on the
+    defaults whatever the flags say: the servers get each from their config (``config.worker_settings()``)."""
+    classes = {settings.__name__ for _, settings, _ in PARTS}
+    made = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in classes:
+                made.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not made
+
+
+def test_one_registry_gives_the_loop_its_worker_and_the_setting_its_choices() -> None:
+    """``loops.WORKERS`` is the one list of the loops: the setting accepts its keys and refuses anything else,
+    naming them, and the default is one of them."""
+    assert RolloutLoopSettings().rollout_loop in WORKERS
+    for loop, worker in WORKERS.items():
+        assert RolloutLoopSettings(rollout_loop=loop).rollout_loop == loop
+        assert issubclass(worker, RolloutWorker)
+    with pytest.raises(ValueError, match=f"rollout_loop must be one of {', '.join(WORKERS)}, got 'other'"):
+        RolloutLoopSettings(rollout_loop="other")

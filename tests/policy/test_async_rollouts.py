@@ -21,15 +21,16 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, StreamQueue
 from ragr1.services.policy.agent import LoopConfig, Sampling, Trajectory
 from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
+from ragr1.services.policy.loops import RolloutLoopSettings
 from ragr1.services.policy.rollouts import build_rollouts, expand, task_of
-from ragr1.services.policy.runtime import ASYNC, LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings
+from ragr1.services.policy.runtime import ASYNC, LOCKSTEP, Policy, RolloutLimits
 from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
 from tests.common.engine import Engine, SharedEngine
 from tests.common.waiting import wait_for_async
 from tests.policy.test_integration import hotpot_tasks, perturbed_checkpoint
-from tests.policy.test_worker import BACKOFF
+from tests.policy.test_worker import worker_settings
 
 pytestmark = pytest.mark.slow
 
@@ -115,8 +116,8 @@ def test_a_group_is_acknowledged_once_with_all_its_rollouts(
     async def scenario() -> list[common_pb2.Rollout]:
         search, scorer = search_of(retriever_server), RewardServiceScorer(reward_server.target)
         worker = StreamingRolloutWorker(
-            policy(engine, tokenizer, search, ASYNC), scorer, prompts, rollouts, SEEDED, batch=1, block_ms=100,
-            reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False, max_in_flight=3, **BACKOFF,
+            policy(engine, tokenizer, search, ASYNC), scorer, prompts, rollouts, SEEDED,
+            worker_settings(worker_batch=1, reclaim_idle_ms=600_000), limit=3,
         )
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))

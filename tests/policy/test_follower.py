@@ -21,7 +21,8 @@ from ragr1.services.common import fleet
 from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.hashing import checkpoint_files, checkpoint_sha256
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
-from ragr1.services.policy.follower import WeightFollower
+from ragr1.services.policy.follower import FollowerSettings, WeightFollower
+from ragr1.services.policy.loops import RolloutLoopSettings
 from ragr1.services.policy.runtime import Policy, RolloutLimits
 from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.v1 import policy_pb2
@@ -84,11 +85,12 @@ class Replica:
                  checkpoint_wait_seconds: float = 0.0, retry_seconds: float = 60.0) -> None:
         self.engine = engine or LoadingEngine()
         self.policy = Policy(self.engine, CharTokenizer(), ScriptedSearch(), LoopConfig(), model_dir=model_dir,
-                             default_sampling=Sampling(), limits=RolloutLimits(max_batch=4))
+                             default_sampling=Sampling(), limits=RolloutLimits(max_batch=4),
+                             schedule=RolloutLoopSettings())
         self.health: list[bool] = []
-        self.follower = WeightFollower(self.policy, client, name, heartbeat_seconds=0.05,
-                                       checkpoint_wait_seconds=checkpoint_wait_seconds, retry_seconds=retry_seconds,
-                                       set_serving=self._serving)
+        settings = FollowerSettings(heartbeat_seconds=0.05, checkpoint_wait_seconds=checkpoint_wait_seconds,
+                                    refusal_retry_seconds=retry_seconds)
+        self.follower = WeightFollower(self.policy, client, name, settings, set_serving=self._serving)
         self.stop = asyncio.Event()
         self.task: asyncio.Future[None] | None = None
 

@@ -18,6 +18,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Task, TrajectoryStatus
 from ragr1.services.policy.backends import RetrieverSearch
+from ragr1.services.policy.loops import RolloutLoopSettings
 from ragr1.services.policy.runtime import Policy, RolloutLimits
 from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.v1 import policy_pb2
@@ -97,7 +98,7 @@ def test_the_policy_describes_what_its_results_depend_on(
         search = RetrieverSearch(address, top_k=2, timeout=10)
         policy = Policy(cast(Any, ScriptedEngine(tokenizer, {})), tokenizer, search, LoopConfig(top_k=2, max_turns=3),
                         model_dir=policy_model_dir, default_sampling=Sampling(temperature=0.7), limits=RolloutLimits(),
-                        engine_seed=5)
+                        engine_seed=5, schedule=RolloutLoopSettings())
         if served is not None:  # as if an update had loaded it
             policy.gate.version, policy.gate.checkpoint_path = 1, str(served)
         try:

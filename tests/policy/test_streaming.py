@@ -18,14 +18,15 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.backends import RewardServiceScorer
+from ragr1.services.policy.loops import RolloutLoopSettings
 from ragr1.services.policy.rollouts import task_of
-from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits, RolloutLoopSettings
+from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits
 from ragr1.services.policy.streaming import EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
 from ragr1.v1 import common_pb2
 from tests.common.waiting import wait_event_async, wait_for, wait_for_async
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
-from tests.policy.test_worker import BACKOFF, PausedEngine, queues
+from tests.policy.test_worker import PausedEngine, queues, worker_settings
 
 SCRIPT = {
     "Slow one?": ["<search> slow </search>", "<answer> slowly </answer>"],
@@ -67,10 +68,9 @@ def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: Str
                      rollouts: StreamQueue[Any], max_in_flight: int, grace_seconds: float = 0.0,
                      keep_full: bool = False) -> StreamingRolloutWorker:
     return StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
-                                  batch=8, block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                                  grace_seconds=grace_seconds,
-                                  max_in_flight=EngineBatch(lambda tokens: max_in_flight, 1, 1) if keep_full
-                                  else max_in_flight, **BACKOFF)
+                                  worker_settings(reclaim_idle_ms=600_000, grace_seconds=grace_seconds),
+                                  limit=EngineBatch(lambda tokens: max_in_flight, 1, 1) if keep_full
+                                  else max_in_flight)
 
 
 def produced_order(worker: StreamingRolloutWorker, rollouts: StreamQueue[Any], count: int) -> list[str]:

@@ -16,9 +16,10 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Backlog, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling, Task
 from ragr1.services.policy.backends import RewardServiceScorer
-from ragr1.services.policy.follower import WeightFollower
-from ragr1.services.policy.runtime import LOCKSTEP, Policy, RolloutLimits, RolloutLoopSettings
-from ragr1.services.policy.worker import RolloutWorker
+from ragr1.services.policy.follower import FollowerSettings, WeightFollower
+from ragr1.services.policy.loops import RolloutLoopSettings
+from ragr1.services.policy.runtime import LOCKSTEP, Policy, RolloutLimits
+from ragr1.services.policy.worker import RolloutWorker, WorkerSettings
 from ragr1.v1 import common_pb2
 from tests.common.waiting import holds_for_async, wait_event_async, wait_for, wait_for_async
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
@@ -33,6 +34,12 @@ SCRIPT = {
 LOCKSTEP_LOOP = RolloutLoopSettings(rollout_loop=LOCKSTEP)
 # A failed prompt's backoff in these tests: short, so that a test sees it handed out again within a second.
 BACKOFF: dict[str, Any] = {"retry_backoff_seconds": 0.2, "retry_backoff_max_seconds": 1.0}
+
+
+def worker_settings(**changes: Any) -> WorkerSettings:
+    """A worker's settings in these tests: short polls and backoffs, and no grace period unless a test gives one."""
+    return WorkerSettings(**{"worker_block_ms": 100, "reclaim_idle_ms": 60_000, "grace_seconds": 0.0, **BACKOFF,
+                             **changes})
 
 
 def make_policy(tokenizer: Any, model_dir: Path, search: ScriptedSearch) -> Policy:
@@ -87,11 +94,7 @@ def worker_for(
         prompts,
         rollouts,
         Sampling(),
-        batch=8,
-        block_ms=100,
-        reclaim_idle_ms=60_000,
-        dead_letter_retrieval_errors=dead_letter,
-        **BACKOFF,
+        worker_settings(on_retrieval_error="dead_letter" if dead_letter else "requeue"),
     )
 
 
@@ -168,6 +171,7 @@ def test_policy_rejects_bad_requests(tokenizer: Any, policy_model_dir: Path) -> 
         model_dir=policy_model_dir,
         default_sampling=Sampling(),
         limits=RolloutLimits(),
+        schedule=LOCKSTEP_LOOP,
     )
     with pytest.raises(InvalidArgument, match="tokens; the model's maximum length is 100"):
         short.prompt_ids([Task("q", "Who wrote Hamlet?")])
@@ -256,9 +260,8 @@ def test_a_leaving_worker_hands_its_unfinished_prompts_back_for_another_to_take_
     engine = engine_kind(tokenizer)
     policy = Policy(engine, tokenizer, ScriptedSearch(), LoopConfig(), model_dir=policy_model_dir,
                     default_sampling=Sampling(), limits=RolloutLimits(max_batch=8), schedule=LOCKSTEP_LOOP)
-    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=2,
-                           block_ms=100, reclaim_idle_ms=600_000, dead_letter_retrieval_errors=False,
-                           grace_seconds=0.4, **BACKOFF)
+    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                           worker_settings(worker_batch=2, reclaim_idle_ms=600_000, grace_seconds=0.4))
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -299,11 +302,10 @@ def test_the_worker_takes_no_prompt_until_its_replica_serves_the_announced_versi
         serving.append(ready)
         answered.set()
 
-    follower = WeightFollower(policy, redis_client, "w1", heartbeat_seconds=0.1, checkpoint_wait_seconds=1.0,
-                              retry_seconds=1.0, set_serving=health)
-    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(), batch=8,
-                           block_ms=100, reclaim_idle_ms=60_000, dead_letter_retrieval_errors=False,
-                           accepting=follower.accepting, **BACKOFF)
+    follower = WeightFollower(policy, redis_client, "w1", FollowerSettings(heartbeat_seconds=0.1,
+                              checkpoint_wait_seconds=1.0, refusal_retry_seconds=1.0), set_serving=health)
+    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                           worker_settings(), accepting=follower.accepting)
 
     async def scenario() -> list[Any]:
         stop = asyncio.Event()

@@ -25,7 +25,7 @@ from ragr1.services.policy.worker import backoff_seconds
 from ragr1.v1 import common_pb2
 from tests.common.waiting import wait_for_async
 from tests.policy.test_streaming import TimedEngine, async_policy, task
-from tests.policy.test_worker import BACKOFF
+from tests.policy.test_worker import BACKOFF, worker_settings
 
 RECLAIM_MS = 600_000
 
@@ -45,9 +45,8 @@ def queues(client: redis.Redis, max_deliveries: int = 5) -> tuple[StreamQueue[An
 
 def worker(policy: Any, scorer: RewardServiceScorer, prompts: StreamQueue[Any], rollouts: StreamQueue[Any],
            reclaim_idle_ms: int = RECLAIM_MS) -> StreamingRolloutWorker:
-    return StreamingRolloutWorker(policy, scorer, prompts, rollouts, Sampling(), batch=8, block_ms=100,
-                                  reclaim_idle_ms=reclaim_idle_ms, dead_letter_retrieval_errors=False,
-                                  max_in_flight=2, **BACKOFF)
+    return StreamingRolloutWorker(policy, scorer, prompts, rollouts, Sampling(),
+                                  worker_settings(reclaim_idle_ms=reclaim_idle_ms), limit=2)
 
 
 async def until(condition: Callable[[], Any], what: str, seconds: float = 30.0) -> None:

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from ragr1.services.retriever.batching import MicroBatcher
+from ragr1.services.retriever.batching import Batching, MicroBatcher
 from tests.common.waiting import wait_for_async
+
+ONE_BY_ONE = Batching(max_batch_rows=1, max_wait_s=0.0, workers=1, split_when_idle=False)
 
 
 class Doubler:
@@ -30,7 +34,7 @@ def test_concurrent_requests_share_batches_on_one_thread() -> None:
     fn = Doubler(delay=0.01)
 
     async def main() -> list[int]:
-        batcher = MicroBatcher(fn, max_batch_rows=16, max_wait_s=0.005)
+        batcher = MicroBatcher(fn, Batching(max_batch_rows=16, max_wait_s=0.005, workers=1, split_when_idle=False))
         out = await asyncio.gather(*(batcher.submit(i) for i in range(40)))
         await batcher.aclose()
         return list(out)
@@ -45,7 +49,7 @@ def test_rows_bound_the_batch_and_one_row_turns_batching_off() -> None:
     fn = Doubler()
 
     async def main(max_rows: int) -> None:
-        batcher = MicroBatcher(fn, max_batch_rows=max_rows, max_wait_s=0.01)
+        batcher = MicroBatcher(fn, Batching(max_batch_rows=max_rows, max_wait_s=0.01, workers=1, split_when_idle=False))
         await asyncio.gather(*(batcher.submit(i, rows=3) for i in range(6)))
         await batcher.aclose()
 
@@ -66,7 +70,7 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on() -> None:
         return list(items)
 
     async def main() -> int:
-        batcher = MicroBatcher(fn, max_batch_rows=1)
+        batcher = MicroBatcher(fn, ONE_BY_ONE)
         with pytest.raises(ValueError, match="negative"):
             await batcher.submit(-1)
         out = await batcher.submit(5)
@@ -93,7 +97,7 @@ def test_a_cancelled_request_is_not_computed() -> None:
     fn = Gated()
 
     async def main() -> None:
-        batcher = MicroBatcher(fn, max_batch_rows=1)
+        batcher = MicroBatcher(fn, ONE_BY_ONE)
         first = asyncio.ensure_future(batcher.submit(1))
         await wait_for_async(fn.entered.is_set, "the first request never ran")
         # 1 is running (held); 2 waits in the queue and is cancelled there.
@@ -113,7 +117,7 @@ def test_two_workers_run_two_batches_at_once() -> None:
     fn = Doubler(delay=0.05)
 
     async def main() -> list[int]:
-        batcher = MicroBatcher(fn, max_batch_rows=4, max_wait_s=0.0, workers=2)
+        batcher = MicroBatcher(fn, Batching(max_batch_rows=4, max_wait_s=0.0, workers=2, split_when_idle=False))
         out = await asyncio.gather(*(batcher.submit(i) for i in range(16)))
         await batcher.aclose()
         return list(out)
@@ -126,7 +130,9 @@ def test_idle_workers_split_a_batch_and_busy_ones_do_not() -> None:
     fn = Doubler(delay=0.05)
 
     async def main() -> None:
-        batcher = MicroBatcher(fn, max_batch_rows=64, max_wait_s=0.005, workers=3, split_when_idle=True)
+        batcher = MicroBatcher(
+            fn, Batching(max_batch_rows=64, max_wait_s=0.005, workers=3, split_when_idle=True)
+        )
         # One call of three rows on an idle batcher: a row a worker, all at once.
         assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 2, 4]
         assert sorted(map(sorted, fn.batches)) == [[0], [1], [2]] and len(fn.threads) == 3
@@ -142,3 +148,13 @@ def test_idle_workers_split_a_batch_and_busy_ones_do_not() -> None:
         await batcher.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"max_batch_rows": 0}, "max_batch_rows must be at least 1"),
+    ({"workers": 0}, "workers must be at least 1"),
+    ({"max_wait_s": -0.001}, "max_wait_s must be at least 0"),
+])
+def test_batching_out_of_range_is_refused_by_name(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(ONE_BY_ONE, **changes)

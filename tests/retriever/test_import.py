@@ -24,7 +24,7 @@ from ragr1.services.retriever.families import family_of, family_settings
 from ragr1.services.retriever.importer import CountMismatch, import_index
 from ragr1.services.retriever.ivf_file import IvfSource
 from ragr1.services.retriever.manifest import LoadedManifest
-from ragr1.services.retriever.router import Router
+from ragr1.services.retriever.router import Router, RouterSettings
 from ragr1.services.retriever.shard import ShardSearcher
 from ragr1.shipped import corpus_path
 from tests.retriever.processes import start_router, start_shards
@@ -144,7 +144,9 @@ def search_in_process(loaded: LoadedManifest, encoder: Encoder, sample: list[str
             async def search(self, embeddings: np.ndarray, top_k: int, omit_text: bool, timeout: float) -> list:
                 return await self.s.search(embeddings, top_k, omit_text)
 
-        router = Router(encoder, [InProcess(s) for s in searchers], lower_is_better=lower_is_better)
+        # Each call's queries in one batch, as the FAISS search it is compared with.
+        one_batch = RouterSettings(query_cache_size=0, encoder_workers=1, encoder_split_when_idle=False)
+        router = Router(encoder, [InProcess(s) for s in searchers], one_batch, lower_is_better=lower_is_better)
         try:
             result = await router.search(sample, TOP_K)
             return [[(h.id, h.score) for h in hits] for hits in result.results]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,13 +16,16 @@ from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
-from ragr1.services.retriever.router import Router, SearchLimits, SearchResult
+from ragr1.services.retriever.router import Router, RouterSettings, SearchResult
 from ragr1.services.retriever.shard import ShardSearcher
 
 TOP_K = 10
 # Below the recall@5 of supporting titles that all-MiniLM-L6-v2 reaches on this slice (the test prints it),
 # with room for another backend's rounding; a broken encoder or merge falls far below it.
 MIN_RECALL_AT_5 = 0.75
+# A router that embeds each call's queries in one batch and keeps none: the answers these tests compare depend
+# on nothing else (int8 activations are scaled per batch).
+ONE_BATCH = RouterSettings(query_cache_size=0, encoder_workers=1, encoder_split_when_idle=False)
 
 
 class LocalShard:
@@ -39,7 +43,7 @@ async def _search_all(
 ) -> SearchResult:
     manifest = LoadedManifest(index_dir)
     searchers = [ShardSearcher(manifest, i) for i in range(manifest.manifest.num_shards)]
-    router = Router(encoder, [LocalShard(s) for s in searchers])
+    router = Router(encoder, [LocalShard(s) for s in searchers], ONE_BATCH)
     try:
         return await router.search(questions, top_k, **kwargs)  # type: ignore[arg-type]
     finally:
@@ -123,7 +127,8 @@ def test_dedup_within_a_trajectory_and_omit_text(index_dirs: dict[int, Path], en
 def test_bad_input_names_the_limit(queries: list[str], top_k: int, message: str, encoder: Encoder) -> None:
     # Validation comes first: no shard is ever asked.
     no_shard = LocalShard(None)  # type: ignore[arg-type]
-    router = Router(encoder, [no_shard], limits=SearchLimits(max_queries=4, max_query_chars=30, max_top_k=5))
+    limits = dataclasses.replace(ONE_BATCH, max_queries=4, max_query_chars=30, max_top_k=5)
+    router = Router(encoder, [no_shard], limits)
     with pytest.raises(InvalidArgument, match=message):
         asyncio.run(router.search(queries, top_k))
 
@@ -146,7 +151,7 @@ def test_query_cache_skips_the_encoder_for_repeated_queries(index_dirs: dict[int
     async def run() -> tuple[SearchResult, SearchResult]:
         manifest = LoadedManifest(index_dirs[1])
         searcher = ShardSearcher(manifest, 0)
-        router = Router(counting, [LocalShard(searcher)], query_cache_size=2)
+        router = Router(counting, [LocalShard(searcher)], dataclasses.replace(ONE_BATCH, query_cache_size=2))
         try:
             first = await router.search(["Neil Peart", "Rush band", "Neil Peart"], 3)
             assert counting.embedded == 2  # a repeated query within a call is embedded once
@@ -186,9 +191,7 @@ def test_an_idle_router_splits_one_call_among_its_encoder_workers(
         router = Router(
             Recording(),
             [LocalShard(searcher)],
-            embed_workers=2,
-            embed_split_when_idle=split,
-            query_cache_size=cache,
+            dataclasses.replace(ONE_BATCH, encoder_workers=2, encoder_split_when_idle=split, query_cache_size=cache),
         )
         try:
             reply = await router.search(questions, 5)
@@ -224,7 +227,8 @@ def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
     async def run() -> tuple[SearchResult, float, SilentShard]:
         searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
         silent = SilentShard()
-        router = Router(encoder, [LocalShard(searcher), silent], on_shard_failure="partial")
+        partial = dataclasses.replace(ONE_BATCH, on_shard_failure="partial")
+        router = Router(encoder, [LocalShard(searcher), silent], partial)
         try:
             started = asyncio.get_running_loop().time()
             reply = await router.search(["Neil Peart"], 3, timeout=2.0)

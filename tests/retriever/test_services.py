@@ -29,7 +29,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
-from ragr1.services.retriever.router import Router
+from ragr1.services.retriever.router import Router, RouterSettings
 from ragr1.services.retriever.server import check_shards
 from ragr1.services.retriever.shard_client import AsyncShardClient
 from ragr1.v1 import retriever_pb2
@@ -242,7 +242,7 @@ def test_a_paused_then_killed_shard_never_makes_calls_hang(
 
     async def unavailable_mode() -> None:
         clients = [AsyncShardClient(t) for t in shards]
-        router = Router(encoder, clients, on_shard_failure="unavailable")
+        router = Router(encoder, clients, RouterSettings(on_shard_failure="unavailable"))
         try:
             started = time.monotonic()
             with pytest.raises(Unavailable, match=r"1 of 2 shards did not answer \(shard 1: "):

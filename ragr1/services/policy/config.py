@@ -8,14 +8,17 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import check_at_least, check_choice, setting
+from ragr1.services.common.config import check_at_least, part_of, same_as, setting
 from ragr1.services.common.server import ServerConfig
-from ragr1.services.common.streams import MAX_BACKOFF_MS, QueueConfig
+from ragr1.services.common.streams import QueueConfig
 from ragr1.services.policy.agent import LoopConfig, SamplingSettings
 from ragr1.services.policy.engine import EngineSettings
-from ragr1.services.policy.runtime import RolloutLimits, RolloutLoopSettings
+from ragr1.services.policy.follower import FollowerSettings
+from ragr1.services.policy.loops import RolloutLoopSettings
+from ragr1.services.policy.runtime import RolloutLimits
 from ragr1.services.policy.streaming import StreamingSettings
 from ragr1.services.policy.weights import InFlight
+from ragr1.services.policy.worker import WorkerSettings
 
 
 @dataclasses.dataclass
@@ -44,32 +47,23 @@ class PolicyConfig(
         "", "consumer name, stable per replica (e.g. the pod name) so that a restarted replica resumes its "
         "pending prompts at once; empty: host-pid"
     )
-    worker_batch: int = setting(8, "rollout_loop lockstep: tasks per rollout batch")
-    worker_block_ms: int = setting(1000, "wait for new prompts up to this long per poll")
-    reclaim_idle_ms: int = setting(600_000, "take over prompts another worker left unacknowledged this long")
+    worker_batch: int = same_as(WorkerSettings, "worker_batch")
+    worker_block_ms: int = same_as(WorkerSettings, "worker_block_ms")
+    reclaim_idle_ms: int = same_as(WorkerSettings, "reclaim_idle_ms")
     max_deliveries: int = setting(5, "deliveries before a prompt is dead-lettered")
-    # Long enough that the max_deliveries a prompt has outlast a dependency's restart (5, 10, 20 and 40 s between
-    # its five deliveries, plus their rollouts), short enough that the prompt is back well within the reclaim time.
-    retry_backoff_seconds: float = setting(
-        5.0, "a prompt whose work failed for a passing reason (a dependency restarting, an abort) goes back at once "
-        "and is handed out again after this long, doubled with each delivery it has had"
-    )
-    retry_backoff_max_seconds: float = setting(120.0, "the longest backoff of a prompt handed back after a failure")
-    on_retrieval_error: str = setting(
-        "requeue", "prompts whose rollout hit a retriever error: requeue or dead_letter"
-    )
+    retry_backoff_seconds: float = same_as(WorkerSettings, "retry_backoff_seconds")
+    retry_backoff_max_seconds: float = same_as(WorkerSettings, "retry_backoff_max_seconds")
+    on_retrieval_error: str = same_as(WorkerSettings, "on_retrieval_error")
     # A rollout worker follows the weight versions the trainer announces in Redis (common/fleet.py).
-    heartbeat_seconds: float = setting(
-        5.0, "how often a rollout worker reports its weight version and state in Redis (the report expires "
-        "after three of these without one)"
-    )
-    checkpoint_wait_seconds: float = setting(
-        60.0, "how long an announced checkpoint that is not complete yet (shared storage that shows new files "
-        "late or half-copied) is waited for before the version is refused"
-    )
-    refusal_retry_seconds: float = setting(
-        60.0, "a refused weight version is tried again after this long, until it or a later one loads"
-    )
+    heartbeat_seconds: float = same_as(FollowerSettings, "heartbeat_seconds")
+    checkpoint_wait_seconds: float = same_as(FollowerSettings, "checkpoint_wait_seconds")
+    refusal_retry_seconds: float = same_as(FollowerSettings, "refusal_retry_seconds")
+
+    def worker_settings(self) -> WorkerSettings:
+        return part_of(WorkerSettings, self)
+
+    def follower_settings(self) -> FollowerSettings:
+        return part_of(FollowerSettings, self)
 
     def trajectory_tokens(self) -> int:
         """The most tokens one trajectory can hold (its prompt, ``max_turns`` full searches and the answer turn,
@@ -85,7 +79,6 @@ class PolicyConfig(
     def validate(self) -> None:
         super().validate()
         self.in_flight_policy()
-        check_at_least(self, (("worker_batch", 1),))
         needed = self.context_needed(self.max_tokens_per_turn)
         if needed > self.max_model_len:
             raise ValueError(
@@ -94,17 +87,10 @@ class PolicyConfig(
                 f"{self.tokens_per_query} tokens with max_tokens_per_turn={self.max_tokens_per_turn}: "
                 f"that needs about {needed} tokens; raise max_model_len or lower one of the others"
             )
-        check_at_least(self, (("reclaim_idle_ms", 1), ("max_deliveries", 1)))
-        if not 0 <= self.retry_backoff_seconds <= self.retry_backoff_max_seconds <= MAX_BACKOFF_MS / 1000:
-            raise ValueError(
-                f"retry_backoff_seconds ({self.retry_backoff_seconds}) must be within 0..retry_backoff_max_seconds "
-                f"({self.retry_backoff_max_seconds}), which must be at most {MAX_BACKOFF_MS // 1000}"
-            )
-        for name in ("engine_check_seconds", "heartbeat_seconds", "refusal_retry_seconds"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.checkpoint_wait_seconds < 0:
-            raise ValueError(f"checkpoint_wait_seconds must be at least 0, got {self.checkpoint_wait_seconds}")
-        check_choice("on_retrieval_error", self.on_retrieval_error, ("requeue", "dead_letter"))
+        check_at_least(self, (("max_deliveries", 1),))
+        self.worker_settings()
+        self.follower_settings()
+        if self.engine_check_seconds <= 0:
+            raise ValueError(f"engine_check_seconds must be positive, got {self.engine_check_seconds}")
         if self.worker and not self.reward_address:
             raise ValueError("worker mode needs reward_address: rollouts go to the trainer scored")

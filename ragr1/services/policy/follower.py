@@ -15,15 +15,17 @@ Shared storage may show a checkpoint late or half-copied: an announcement lists 
 a version is loaded only once all of them are there (then its digest decides), waited for with backoff up to
 ``checkpoint_wait_seconds`` while no newer version is announced. A version that still cannot be loaded is
 refused: the replica says why in its log and its report, takes no prompts and turns NOT_SERVING, and tries it
-again every ``retry_seconds`` until it, or a later version, loads. The other replicas are not concerned. A load
-that failed in the engine through an ``UpdateWeights`` call rather than the follower leaves the weights unknown
-just the same: the replica refuses, and loads the newest announced version again after ``retry_seconds``.
+again every ``refusal_retry_seconds`` until it, or a later version, loads. The other replicas are not concerned.
+A load that failed in the engine through an ``UpdateWeights`` call rather than the follower leaves the weights
+unknown just the same: the replica refuses, and loads the newest announced version again after
+``refusal_retry_seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +35,7 @@ from typing import TypeVar
 import redis
 
 from ragr1.services.common import fleet
+from ragr1.services.common.config import Validated, setting
 from ragr1.services.common.errors import FailedPrecondition, ServiceError
 from ragr1.services.common.hashing import missing_files
 from ragr1.services.common.streams import entry_key
@@ -66,6 +69,33 @@ def incomplete(announced: fleet.Announcement) -> str:
     return missing_files(path, announced.files)
 
 
+@dataclasses.dataclass
+class FollowerSettings(Validated):
+    """How a rollout worker follows the weight versions the trainer announces in Redis (common/fleet.py). The
+    policy's config takes each of these definitions (``same_as``) and gives the follower this object whole
+    (``PolicyConfig.follower_settings``)."""
+
+    heartbeat_seconds: float = setting(
+        5.0, "how often a rollout worker reports its weight version and state in Redis (the report expires "
+        "after three of these without one)"
+    )
+    checkpoint_wait_seconds: float = setting(
+        60.0, "how long an announced checkpoint that is not complete yet (shared storage that shows new files "
+        "late or half-copied) is waited for before the version is refused"
+    )
+    refusal_retry_seconds: float = setting(
+        60.0, "a refused weight version is tried again after this long, until it or a later one loads"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("heartbeat_seconds", "refusal_retry_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.checkpoint_wait_seconds < 0:
+            raise ValueError(f"checkpoint_wait_seconds must be at least 0, got {self.checkpoint_wait_seconds}")
+
+
 class WeightFollower:
     """``accepting`` is set while the worker may take prompts: while the replica serves the newest announced
     version. ``set_serving`` is the server's health switch."""
@@ -75,18 +105,14 @@ class WeightFollower:
         policy: Policy,
         client: redis.Redis,
         name: str,
+        settings: FollowerSettings,
         *,
-        heartbeat_seconds: float,
-        checkpoint_wait_seconds: float,
-        retry_seconds: float,
         set_serving: Callable[[bool], Awaitable[None]],
     ) -> None:
         self.policy = policy
         self.redis = client
         self.name = name
-        self.heartbeat_seconds = heartbeat_seconds
-        self.checkpoint_wait_seconds = checkpoint_wait_seconds
-        self.retry_seconds = retry_seconds
+        self.settings = settings
         self.set_serving = set_serving
         self.accepting = asyncio.Event()
         self.state = fleet.STARTING
@@ -147,13 +173,13 @@ class WeightFollower:
         while not done.is_set():
             await self._report()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), self.heartbeat_seconds)
+                await asyncio.wait_for(done.wait(), self.settings.heartbeat_seconds)
 
     async def _report(self) -> None:
         async with self._reporting:
             try:
                 await asyncio.to_thread(fleet.report, self.redis, self.report(),
-                                        REPORT_HEARTBEATS * self.heartbeat_seconds)
+                                        REPORT_HEARTBEATS * self.settings.heartbeat_seconds)
             except Exception as exc:
                 log.warning("reporting to the fleet failed: %s: %s", type(exc).__name__, exc)
 
@@ -176,8 +202,8 @@ class WeightFollower:
     async def _check_gate(self) -> None:
         """Reflects a load that failed in the engine outside this follower (an ``UpdateWeights`` call): the
         weights are unknown, so the replica refuses (NOT_SERVING, no prompts) until a load succeeds; the newest
-        announced version is loaded again after ``retry_seconds``. With nothing announced, a later call whose
-        load succeeded makes it ready for calls again."""
+        announced version is loaded again after ``refusal_retry_seconds``. With nothing announced, a later call
+        whose load succeeded makes it ready for calls again."""
         failed = self.policy.gate.failed
         if failed and self.state != fleet.REFUSED:
             await self._refuse(self._announced, f"a weight update failed in the engine: {failed}")
@@ -209,7 +235,7 @@ class WeightFollower:
         self.state, self.target, self.reason = fleet.LOADING, announced.version, ""
         self.accepting.clear()
         await self._report()
-        deadline = time.monotonic() + self.checkpoint_wait_seconds
+        deadline = time.monotonic() + self.settings.checkpoint_wait_seconds
         pause = _FIRST_LOOK_SECONDS
         waiting_said = False
         while True:
@@ -259,15 +285,16 @@ class WeightFollower:
         self.accepting.set()
 
     async def _refuse(self, announced: fleet.Announcement | None, reason: str) -> None:
-        """Takes no prompts and turns NOT_SERVING; ``announced`` (if any) is tried again after ``retry_seconds``."""
+        """Takes no prompts and turns NOT_SERVING; ``announced`` (if any) is tried again after
+        ``refusal_retry_seconds``."""
         if announced is None:
             log.error("%s; this replica takes no prompts and reports NOT_SERVING until a load succeeds", reason)
         else:
             log.error("weights v%d refused: %s; this replica serves v%d, takes no prompts and reports NOT_SERVING "
                       "until a version loads (v%d tried again in %.0f s)", announced.version, reason,
-                      self.policy.gate.version, announced.version, self.retry_seconds)
+                      self.policy.gate.version, announced.version, self.settings.refusal_retry_seconds)
         self.state, self.target, self.reason = fleet.REFUSED, announced.version if announced else 0, reason
-        self._refused, self._retry_at = announced, time.monotonic() + self.retry_seconds
+        self._refused, self._retry_at = announced, time.monotonic() + self.settings.refusal_retry_seconds
         self.accepting.clear()
         await self._set_ready(False)
         await self._report()

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ragr1.protocol.information import Passage
 from ragr1.protocol.prompts import Tokenizer, chat_prompt_ids
-from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
+from ragr1.services.common.config import Validated, check_at_least, setting
 from ragr1.services.common.errors import FailedPrecondition, InvalidArgument
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.policy import metrics
@@ -75,24 +75,15 @@ class RolloutLimits(Validated):
         check_at_least(self, (("max_batch", 1), ("max_question_chars", 1)))
 
 
+# The loops ``Policy.rollout`` runs a request's trajectories with; ``loops.WORKERS`` has the rollout worker of each.
 LOCKSTEP, ASYNC = "lockstep", "async"
 
 
-@dataclasses.dataclass
-class RolloutLoopSettings(Validated):
-    """Which schedule runs a request's trajectories (the policy's config is one)."""
+class Schedule(Protocol):
+    """Which loop runs a request's trajectories (``loops.RolloutLoopSettings``: the policy's config is one)."""
 
-    # Lock-step keeps every trajectory of a batch on the turn of the slowest and the engine part-empty at the
-    # end of each turn and batch; async keeps it fed. Lock-step stays as the baseline bench/rollout_loops.py
-    # measures against (docs/services/policy.md).
-    rollout_loop: str = setting(
-        ASYNC, "lockstep: a batch's trajectories take each turn together (one engine call, one search call); "
-        "async: each trajectory runs on its own, and a rollout worker keeps max_in_flight of them going"
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        check_choice("rollout_loop", self.rollout_loop, (LOCKSTEP, ASYNC))
+    @property
+    def rollout_loop(self) -> str: ...
 
 
 class Policy:
@@ -108,7 +99,7 @@ class Policy:
         limits: RolloutLimits,
         in_flight: InFlight = InFlight.FINISH,
         engine_seed: int = 0,
-        schedule: RolloutLoopSettings | None = None,
+        schedule: Schedule,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -124,7 +115,7 @@ class Policy:
         self.limits = limits
         self.in_flight = in_flight
         self.engine_seed = engine_seed
-        self.rollout_loop = (schedule or RolloutLoopSettings()).rollout_loop
+        self.rollout_loop = schedule.rollout_loop
         self.gate = VersionGate()
         # (version, checkpoint directory) -> the checkpoint's hash: each served checkpoint is read once.
         self._hashes: dict[tuple[int, str], str] = {}

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import redis
 
@@ -20,7 +20,8 @@ from ragr1.services.policy.backends import RetrieverSearch, RewardServiceScorer
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.engine import VllmEngine
 from ragr1.services.policy.follower import WeightFollower
-from ragr1.services.policy.runtime import ASYNC, Policy
+from ragr1.services.policy.loops import WORKERS
+from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.servicer import PolicyServicer
 from ragr1.services.policy.streaming import LENGTH_WINDOW, EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.worker import RolloutWorker
@@ -67,9 +68,10 @@ def build_worker(
     config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
     accepting: asyncio.Event | None = None, *, engine: Batching,
 ) -> RolloutWorker:
-    """The worker of a replica, for the policy's rollout loop: asked to stop, it finishes or hands back what it
-    holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``). The async worker keeps as many
-    trajectories running as ``engine`` runs at once (``EngineBatch``), unless ``max_in_flight`` caps them."""
+    """The worker of a replica, the one ``loops.WORKERS`` gives the policy's rollout loop: asked to stop, it finishes
+    or hands back what it holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``). The async
+    worker keeps as many trajectories running as ``engine`` runs at once (``EngineBatch``), unless
+    ``max_in_flight`` caps them."""
     prompts = StreamQueue(
         client,
         PROMPTS,
@@ -80,28 +82,18 @@ def build_worker(
     )
     prompts.ensure_group()
     rollouts = StreamQueue(client, ROLLOUTS, common_pb2.Rollout, group=config.worker_group)
-    common: dict[str, Any] = dict(
-        batch=config.worker_batch,
-        block_ms=config.worker_block_ms,
-        reclaim_idle_ms=config.reclaim_idle_ms,
-        dead_letter_retrieval_errors=config.on_retrieval_error == "dead_letter",
-        retry_backoff_seconds=config.retry_backoff_seconds,
-        retry_backoff_max_seconds=config.retry_backoff_max_seconds,
-        accepting=accepting,
-        grace_seconds=config.grace_seconds,
-    )
-    if policy.rollout_loop == ASYNC:
-        limit: int | EngineBatch = config.max_in_flight or EngineBatch(
-            engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW)
-        worker = StreamingRolloutWorker(
-            policy, scorer, prompts, rollouts, Sampling.of(config), max_in_flight=limit, **common
-        )
-        log.info("rollout worker %s keeps %s %d trajectories running (max_in_flight %d; max_num_seqs %d, "
-                 "trajectories of up to %d tokens)", name, "at most" if config.max_in_flight else "its engine's",
-                 worker.max_in_flight, config.max_in_flight, config.max_num_seqs, config.trajectory_tokens())
-        metrics.WORKER_MAX_IN_FLIGHT.set(worker.max_in_flight)
-        return worker
-    return RolloutWorker(policy, scorer, prompts, rollouts, Sampling.of(config), **common)
+    worker_class = WORKERS[policy.rollout_loop]
+    parts = (policy, scorer, prompts, rollouts, Sampling.of(config), config.worker_settings())
+    if not issubclass(worker_class, StreamingRolloutWorker):
+        return worker_class(*parts, accepting=accepting)
+    limit: int | EngineBatch = config.max_in_flight or EngineBatch(
+        engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW)
+    worker = worker_class(*parts, accepting=accepting, limit=limit)
+    log.info("rollout worker %s keeps %s %d trajectories running (max_in_flight %d; max_num_seqs %d, "
+             "trajectories of up to %d tokens)", name, "at most" if config.max_in_flight else "its engine's",
+             worker.max_in_flight, config.max_in_flight, config.max_num_seqs, config.trajectory_tokens())
+    metrics.WORKER_MAX_IN_FLIGHT.set(worker.max_in_flight)
+    return worker
 
 
 async def build_server(config: PolicyConfig) -> GrpcServer:
@@ -139,11 +131,8 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
     if config.worker:
         assert scorer is not None  # the config requires reward_address with worker
         client, name = config.redis_client(), worker_name(config)
-        follower = WeightFollower(policy, client, name, heartbeat_seconds=config.heartbeat_seconds,
-                                  checkpoint_wait_seconds=config.checkpoint_wait_seconds,
-                                  retry_seconds=config.refusal_retry_seconds, set_serving=server.set_serving)
-        worker = build_worker(config, policy, scorer, client, name, follower.accepting,
-                              engine=engine)
+        follower = WeightFollower(policy, client, name, config.follower_settings(), set_serving=server.set_serving)
+        worker = build_worker(config, policy, scorer, client, name, follower.accepting, engine=engine)
         stop_worker, stop_follower = asyncio.Event(), asyncio.Event()
         # Asked to stop, the worker finishes or hands back its batch within the grace period (``build_worker``).
         server.beside(lambda: worker.run(stop_worker), "the rollout worker", stop=stop_worker.set,

@@ -21,9 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ragr1.services.common.config import Validated, check_at_least, setting
+from ragr1.services.common.streams import StreamQueue
 from ragr1.services.policy import metrics
-from ragr1.services.policy.agent import Trajectory
-from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, _either
+from ragr1.services.policy.agent import Sampling, Trajectory
+from ragr1.services.policy.rollouts import Scorer
+from ragr1.services.policy.runtime import Policy
+from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, WorkerSettings, _either
+from ragr1.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +85,26 @@ class EngineBatch:
 
 
 class StreamingRolloutWorker(RolloutWorker):
-    """``max_in_flight``: a number is a hard cap on running trajectories (a group starts only when all its samples
+    """``limit``, of the trajectories running (``max_in_flight``'s, or its engine's: ``server.build_worker``): a
+    number is a hard cap on running trajectories (a group starts only when all its samples
     fit); an ``EngineBatch`` is the engine's batch kept full (a group starts while fewer than it run, not counting
     those waiting on a search, up to twice the batch in all). Running trajectories are those started and not
     ended: the finished samples of a group waiting for its last one free their place at once."""
 
-    def __init__(self, *args: Any, max_in_flight: int | EngineBatch, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.limit = max_in_flight
+    def __init__(
+        self,
+        policy: Policy,
+        scorer: Scorer,
+        prompts: StreamQueue[common_pb2.PromptTask],
+        rollouts: StreamQueue[common_pb2.Rollout],
+        sampling: Sampling,
+        settings: WorkerSettings,
+        *,
+        accepting: asyncio.Event | None = None,
+        limit: int | EngineBatch,
+    ) -> None:
+        super().__init__(policy, scorer, prompts, rollouts, sampling, settings, accepting=accepting)
+        self.limit = limit
         # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
         self._running = 0

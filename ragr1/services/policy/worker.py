@@ -28,13 +28,16 @@ acknowledged back to the other workers, which take them at their next look rathe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ragr1.services.common.config import Validated, check_at_least, check_choice, same_as, setting
 from ragr1.services.common.errors import InvalidArgument
-from ragr1.services.common.streams import Delivery, StreamQueue
+from ragr1.services.common.server import ServerConfig
+from ragr1.services.common.streams import MAX_BACKOFF_MS, Delivery, StreamQueue
 from ragr1.services.policy import metrics
 from ragr1.services.policy.agent import Sampling, Trajectory, TrajectoryStatus
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
@@ -63,6 +66,41 @@ def backoff_seconds(deliveries: int, first: float, most: float) -> float:
     return min(most, first * 2.0 ** min(max(0, deliveries - 1), 30))
 
 
+RETRIEVAL_ERROR_ACTIONS = ("requeue", "dead_letter")
+
+
+@dataclasses.dataclass
+class WorkerSettings(Validated):
+    """How a rollout worker takes, keeps and hands back prompts. The policy's config takes each of these
+    definitions (``same_as``) and gives the worker this object whole (``PolicyConfig.worker_settings``)."""
+
+    worker_batch: int = setting(8, "rollout_loop lockstep: tasks per rollout batch")
+    worker_block_ms: int = setting(1000, "wait for new prompts up to this long per poll")
+    reclaim_idle_ms: int = setting(600_000, "take over prompts another worker left unacknowledged this long")
+    # Long enough that the max_deliveries a prompt has outlast a dependency's restart (5, 10, 20 and 40 s between
+    # its five deliveries, plus their rollouts), short enough that the prompt is back well within the reclaim time.
+    retry_backoff_seconds: float = setting(
+        5.0, "a prompt whose work failed for a passing reason (a dependency restarting, an abort) goes back at once "
+        "and is handed out again after this long, doubled with each delivery it has had"
+    )
+    retry_backoff_max_seconds: float = setting(120.0, "the longest backoff of a prompt handed back after a failure")
+    on_retrieval_error: str = setting(
+        "requeue", "prompts whose rollout hit a retriever error: requeue or dead_letter"
+    )
+    # Asked to stop, the worker finishes or hands back what it holds within the server's grace period.
+    grace_seconds: float = same_as(ServerConfig, "grace_seconds")
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("worker_batch", 1), ("reclaim_idle_ms", 1)))
+        if not 0 <= self.retry_backoff_seconds <= self.retry_backoff_max_seconds <= MAX_BACKOFF_MS / 1000:
+            raise ValueError(
+                f"retry_backoff_seconds ({self.retry_backoff_seconds}) must be within 0..retry_backoff_max_seconds "
+                f"({self.retry_backoff_max_seconds}), which must be at most {MAX_BACKOFF_MS // 1000}"
+            )
+        check_choice("on_retrieval_error", self.on_retrieval_error, RETRIEVAL_ERROR_ACTIONS)
+
+
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
 RETRY = {TrajectoryStatus.RETRIEVAL_ERROR: "retrieval_error", TrajectoryStatus.ABORTED: "aborted"}
@@ -76,31 +114,21 @@ class RolloutWorker:
         prompts: StreamQueue[common_pb2.PromptTask],
         rollouts: StreamQueue[common_pb2.Rollout],
         sampling: Sampling,
+        settings: WorkerSettings,
         *,
-        batch: int,
-        block_ms: int,
-        reclaim_idle_ms: int,
-        dead_letter_retrieval_errors: bool,
-        retry_backoff_seconds: float,
-        retry_backoff_max_seconds: float,
         accepting: asyncio.Event | None = None,
-        grace_seconds: float = 0.0,
     ) -> None:
+        """``accepting``: set while the worker may take prompts (``follower.WeightFollower``'s); None: always."""
         self.policy = policy
         self.scorer = scorer
         self.prompts = prompts
         self.rollouts = rollouts
         self.sampling = sampling
-        self.batch = batch
-        self.block_ms = block_ms
-        self.reclaim_idle_ms = reclaim_idle_ms
-        self.dead_letter_retrieval_errors = dead_letter_retrieval_errors
-        self.retry_backoff_seconds = retry_backoff_seconds
-        self.retry_backoff_max_seconds = retry_backoff_max_seconds
+        self.settings = settings
         self.accepting = accepting
         # Asked to stop, the batch in hand gets the grace period less what aborting it and handing back takes.
-        self.margin = leave_margin(grace_seconds)
-        self.leave_seconds = grace_seconds - self.margin
+        self.margin = leave_margin(settings.grace_seconds)
+        self.leave_seconds = settings.grace_seconds - self.margin
         # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
         # first takes back the prompts its predecessor was given and never acknowledged, at once
         # instead of after reclaim_idle_ms. Read once at start.
@@ -123,7 +151,7 @@ class RolloutWorker:
     async def _take_from_redis(self, count: int) -> list[PromptDelivery]:
         if self._backlog is None:
             self._backlog = await asyncio.to_thread(
-                self.prompts.consume, max(1000, 4 * self.batch), None, pending=True
+                self.prompts.consume, max(1000, 4 * self.settings.worker_batch), None, pending=True
             )
             self._held.update((d.entry_id, d) for d in self._backlog)
             if self._backlog:
@@ -132,10 +160,10 @@ class RolloutWorker:
         if self._backlog:
             taken, self._backlog = self._backlog[:count], self._backlog[count:]
             return taken
-        reclaimed = await asyncio.to_thread(self.prompts.reclaim, self.reclaim_idle_ms, count)
+        reclaimed = await asyncio.to_thread(self.prompts.reclaim, self.settings.reclaim_idle_ms, count)
         if reclaimed:
             return reclaimed
-        return await asyncio.to_thread(self.prompts.consume, count, self.block_ms)
+        return await asyncio.to_thread(self.prompts.consume, count, self.settings.worker_block_ms)
 
     async def _say_first(self) -> None:
         """Logs which weights this replica's first prompts meet, with the time, so that an audit can hold them
@@ -170,7 +198,8 @@ class RolloutWorker:
                 if d not in spent:
                     by_count.setdefault(d.deliveries, []).append(d)
             for count, group in by_count.items():
-                wait = backoff_seconds(count, self.retry_backoff_seconds, self.retry_backoff_max_seconds)
+                wait = backoff_seconds(count, self.settings.retry_backoff_seconds,
+                                       self.settings.retry_backoff_max_seconds)
                 await asyncio.to_thread(self.prompts.retry, [d.entry_id for d in group], round(wait * 1000))
                 for d in group:
                     self._held.pop(d.entry_id, None)
@@ -196,7 +225,7 @@ class RolloutWorker:
 
     async def _keep_lease(self) -> None:
         """Renews this worker's lease on the prompts it holds, ``LEASE_RENEWALS`` times per ``reclaim_idle_ms``."""
-        every = self.reclaim_idle_ms / 1000 / LEASE_RENEWALS
+        every = self.settings.reclaim_idle_ms / 1000 / LEASE_RENEWALS
         while True:
             await asyncio.sleep(every)
             held = list(self._held)
@@ -209,7 +238,7 @@ class RolloutWorker:
 
     async def step(self) -> int:
         """Runs one batch; returns how many prompts it took (0 when the stream was empty)."""
-        deliveries = await self._take(self.batch)
+        deliveries = await self._take(self.settings.worker_batch)
         if not deliveries:
             return 0
         if self._leaving:  # taken while the stop came: not started, so handed back whole
@@ -310,7 +339,7 @@ class RolloutWorker:
             if d.message.id not in failed:
                 continue
             kind, reason = failed[d.message.id]
-            if self.dead_letter_retrieval_errors and kind == "retrieval_error":
+            if self.settings.on_retrieval_error == "dead_letter" and kind == "retrieval_error":
                 await asyncio.to_thread(self._dead_letter, d, reason)
             elif not (self._leaving and kind == "aborted"):  # aborted by the leave: handed back whole, uncounted
                 await self._retry([d], reason, kind)

@@ -2,14 +2,15 @@
 
 The encoder and a FAISS index each do far more work per second on one batch of 32 rows than on 32
 calls of one row, and a (GPU) FAISS index must not be used from two threads. A ``MicroBatcher`` owns
-its worker threads (one by default: the index's owner); ``submit`` queues a request and awaits its
+its worker threads (a shard's one: the index's owner); ``submit`` queues a request and awaits its
 share of the result. While the workers are busy, new requests queue, and the next batch takes
 everything queued (up to ``max_batch_rows``), waiting at most ``max_wait_s`` for more when the queue
 is short. ``max_batch_rows=1`` turns batching off: each request is its own call. More than one
 worker suits thread-safe work such as CPU encoding, where two single-threaded batches in parallel
 use two cores better than one batch on two intra-op threads. With ``split_when_idle``, a batch taken
 while other workers are free and nothing else is queued is split among them: one call of three
-queries on an idle CPU encoder then costs about one query's time, not three.
+queries on an idle CPU encoder then costs about one query's time, not three. These four are a
+``Batching``, which the server that owns the batcher makes from its config.
 """
 
 from __future__ import annotations
@@ -23,9 +24,26 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from ragr1.services.common.config import Validated, check_at_least
+
 In = TypeVar("In")
 Out = TypeVar("Out")
 R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching(Validated):
+    """How a ``MicroBatcher`` batches. No defaults here: the config of the server that owns a batcher gives
+    each (the router's encoder batches: ``RouterSettings.embed_batching``; a shard's searches: its config's)."""
+
+    max_batch_rows: int
+    max_wait_s: float
+    workers: int
+    split_when_idle: bool
+
+    def validate(self) -> None:
+        super().validate()
+        check_at_least(self, (("max_batch_rows", 1), ("workers", 1), ("max_wait_s", 0)))
 
 
 @dataclasses.dataclass
@@ -42,28 +60,16 @@ class MicroBatcher(Generic[In, Out]):
     def __init__(
         self,
         fn: Callable[[Sequence[In]], Sequence[Out]],
+        settings: Batching,
         *,
-        max_batch_rows: int = 64,
-        max_wait_s: float = 0.002,
         name: str = "batcher",
         on_batch: Callable[[int, list[float]], None] | None = None,
-        workers: int = 1,
-        split_when_idle: bool = False,
     ) -> None:
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        if max_wait_s < 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self._fn = fn
-        self.max_batch_rows = max_batch_rows
-        self.max_wait_s = max_wait_s
+        self.settings = settings
         # on_batch(rows, waits): rows in the batch, and how long each request waited to get in.
         self._on_batch = on_batch
-        self.workers = workers
-        self.split_when_idle = split_when_idle
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix=name)
         self._running: set[asyncio.Task[None]] = set()
         self._queue: asyncio.Queue[_Pending[In, Out]] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -87,8 +93,8 @@ class MicroBatcher(Generic[In, Out]):
         first, self._carry = self._carry, None
         batch = [first or await self._queue.get()]
         rows = batch[0].rows
-        deadline = time.perf_counter() + self.max_wait_s
-        while rows < self.max_batch_rows:
+        deadline = time.perf_counter() + self.settings.max_wait_s
+        while rows < self.settings.max_batch_rows:
             if self._queue.empty():
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
@@ -99,7 +105,7 @@ class MicroBatcher(Generic[In, Out]):
                     break
             else:
                 nxt = self._queue.get_nowait()
-            if rows + nxt.rows > self.max_batch_rows:
+            if rows + nxt.rows > self.settings.max_batch_rows:
                 self._carry = nxt
                 break
             batch.append(nxt)
@@ -108,7 +114,7 @@ class MicroBatcher(Generic[In, Out]):
 
     async def _loop(self) -> None:
         # A batch is collected only when a worker is free, so requests pile up (and batch) meanwhile.
-        free = asyncio.Semaphore(self.workers)
+        free = asyncio.Semaphore(self.settings.workers)
         while True:
             await free.acquire()
             batch = [p for p in await self._collect() if not p.future.done()]
@@ -116,7 +122,7 @@ class MicroBatcher(Generic[In, Out]):
                 free.release()
                 continue
             lanes = 1
-            if self.split_when_idle:
+            if self.settings.split_when_idle:
                 # Idle workers and nothing waiting: each takes a share (never blocks: the slot is free).
                 while lanes < len(batch) and not free.locked() and self._queue is not None and self._queue.empty():
                     await free.acquire()

@@ -6,7 +6,15 @@ from __future__ import annotations
 import dataclasses
 
 from ragr1.services.common import ports
-from ragr1.services.common.config import Validated, check_at_least, check_choice, check_required, same_as, setting
+from ragr1.services.common.config import (
+    Validated,
+    check_at_least,
+    check_choice,
+    check_required,
+    part_of,
+    same_as,
+    setting,
+)
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.retriever import plan
 from ragr1.services.retriever.build import DEFAULT_CHUNK_SIZE
@@ -22,7 +30,7 @@ from ragr1.services.retriever.encoder import (
 from ragr1.services.retriever.families import FAMILIES, SEARCH_R1_QUERY_TOKENS
 from ragr1.services.retriever.importer import DEFAULT_CHUNK_ROWS
 from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexParams
-from ragr1.services.retriever.router import FAILURE_MODES, SearchLimits
+from ragr1.services.retriever.router import RouterSettings, SearchLimits
 
 CHECKSUM_MODES = ("start", "background", "off")
 
@@ -244,34 +252,24 @@ class RouterConfig(SearchLimits, ServerConfig):
     )
     http_port: int = setting(ports.RETRIEVER_HTTP, "Search-R1-compatible POST /retrieve port; -1 disables it")
     device: str = setting("auto", "encoder device: auto, cpu, cuda")
-    timeout_s: float = setting(10.0, "deadline of a call that brings none (and cap of the caller's)")
-    on_shard_failure: str = setting(
-        "unavailable",
-        "a shard down or late: 'unavailable' fails the call, "
-        "'partial' answers from the other shards with the partial flag set",
-    )
-    max_batch_rows: int = setting(256, "most queries embedded in one encoder batch; 1 turns batching off")
-    max_wait_ms: float = setting(2.0, "longest a call waits for others to join its encoder batch")
+    timeout_s: float = same_as(RouterSettings, "timeout_s")
+    on_shard_failure: str = same_as(RouterSettings, "on_shard_failure")
+    max_batch_rows: int = same_as(RouterSettings, "max_batch_rows")
+    max_wait_ms: float = same_as(RouterSettings, "max_wait_ms")
     shard_wait_s: float = setting(60.0, "at start, how long to wait for shards to answer ShardInfo")
-    query_cache_size: int = setting(10000, "query embeddings kept in an LRU cache; 0 turns it off")
+    query_cache_size: int = same_as(RouterSettings, "query_cache_size")
     encoder_backend: str = setting(
         "",
         "query encoder backend: empty takes the index's (its manifest); a different one is refused, "
         "since queries must be embedded like the passages were",
     )
-    encoder_workers: int = setting(
-        2, "encoder batches run in parallel, one thread each (torch and ONNX Runtime release the GIL)"
-    )
+    encoder_workers: int = same_as(RouterSettings, "encoder_workers")
     encoder_threads: int = setting(
         1,
         "CPU threads per encoder batch; 0 keeps the runtime's default (all cores). On a shared CPU, one "
         "thread per worker avoids OpenMP stalls (threads spinning while others hold the cores)",
     )
-    encoder_split_when_idle: bool = setting(
-        True,
-        "a batch taken while other encoder workers are idle is split among them: a call of 3 queries on "
-        "an idle router costs about one query's encoding time instead of three",
-    )
+    encoder_split_when_idle: bool = same_as(RouterSettings, "encoder_split_when_idle")
     shard_health_interval_s: float = setting(
         2.0, "how often the router checks every shard's health (reported as its own health and metrics)"
     )
@@ -281,10 +279,12 @@ class RouterConfig(SearchLimits, ServerConfig):
         require_index(self.index)
         if not self.shards:
             raise ValueError("shards is required (--shards host:port,...): the shard addresses in shard order")
-        check_choice("on_shard_failure", self.on_shard_failure, FAILURE_MODES)
         if len(self.shards) > 1 and any("{shard}" in s for s in self.shards):
             raise ValueError("shards: a list of addresses, or one address holding {shard}, not both")
-        check_at_least(self, (("max_batch_rows", 1), ("encoder_workers", 1)))
+        self.router_settings()
+
+    def router_settings(self) -> RouterSettings:
+        return part_of(RouterSettings, self)
 
     def shard_addresses(self, num_shards: int) -> list[str]:
         """The shards' addresses for an index of ``num_shards`` shards, so that a deployment names its shard

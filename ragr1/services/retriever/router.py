@@ -18,18 +18,20 @@ from typing import Protocol
 
 import numpy as np
 
-from ragr1.services.common.config import Validated, check_at_least, setting
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from ragr1.services.retriever import metrics
-from ragr1.services.retriever.batching import MicroBatcher
+from ragr1.services.retriever.batching import Batching, MicroBatcher
 from ragr1.services.retriever.results import Hit, dedup_within_groups, merge_top_k
 
 log = logging.getLogger(__name__)
 
-
-
-# What the router does when a shard is down or late (RouterConfig.on_shard_failure).
+# What the router does when a shard is down or late (RouterSettings.on_shard_failure).
 FAILURE_MODES = ("unavailable", "partial")
+# Share of the caller's deadline kept back to merge and send the answer after the shards' deadline, not a
+# fixed time: on a busy host a partial answer (one shard paused) must still reach the client before its
+# deadline, not as DEADLINE_EXCEEDED; never less than the floor.
+REPLY_MARGIN, MIN_REPLY_MARGIN_S = 0.05, 0.02
 
 
 @dataclasses.dataclass
@@ -43,6 +45,40 @@ class SearchLimits(Validated):
     def validate(self) -> None:
         super().validate()
         check_at_least(self, (("max_queries", 1), ("max_query_chars", 1), ("max_top_k", 1)))
+
+
+@dataclasses.dataclass
+class RouterSettings(SearchLimits):
+    """How the router answers a call: its limits, its deadline, a shard that fails, the encoder's batches and the
+    query cache. The router's config takes each of these definitions (``same_as``) and gives the router this
+    object whole (``RouterConfig.router_settings``)."""
+
+    timeout_s: float = setting(10.0, "deadline of a call that brings none (and cap of the caller's)")
+    on_shard_failure: str = setting(
+        "unavailable",
+        "a shard down or late: 'unavailable' fails the call, "
+        "'partial' answers from the other shards with the partial flag set",
+    )
+    max_batch_rows: int = setting(256, "most queries embedded in one encoder batch; 1 turns batching off")
+    max_wait_ms: float = setting(2.0, "longest a call waits for others to join its encoder batch")
+    query_cache_size: int = setting(10000, "query embeddings kept in an LRU cache; 0 turns it off")
+    encoder_workers: int = setting(
+        2, "encoder batches run in parallel, one thread each (torch and ONNX Runtime release the GIL)"
+    )
+    encoder_split_when_idle: bool = setting(
+        True,
+        "a batch taken while other encoder workers are idle is split among them: a call of 3 queries on "
+        "an idle router costs about one query's encoding time instead of three",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("on_shard_failure", self.on_shard_failure, FAILURE_MODES)
+        check_at_least(self, (("max_batch_rows", 1), ("max_wait_ms", 0), ("encoder_workers", 1)))
+
+    def embed_batching(self) -> Batching:
+        return Batching(max_batch_rows=self.max_batch_rows, max_wait_s=self.max_wait_ms / 1000,
+                        workers=self.encoder_workers, split_when_idle=self.encoder_split_when_idle)
 
 
 def validate(queries: Sequence[str], top_k: int, groups: Sequence[int], limits: SearchLimits) -> None:
@@ -117,46 +153,23 @@ class Router:
         self,
         encoder: QueryEncoder,
         shards: Sequence[ShardBackend],
+        settings: RouterSettings,
         *,
-        limits: SearchLimits | None = None,
-        on_shard_failure: str = "unavailable",
-        default_timeout_s: float = 10.0,
-        reply_margin: float = 0.05,
-        min_reply_margin_s: float = 0.02,
-        embed_batch_rows: int = 256,
-        embed_wait_s: float = 0.002,
-        embed_workers: int = 1,
-        embed_split_when_idle: bool = False,
-        query_cache_size: int = 0,
         lower_is_better: bool = False,
     ) -> None:
-        if on_shard_failure not in FAILURE_MODES:
-            raise ValueError(f"on_shard_failure must be one of {FAILURE_MODES}, got {on_shard_failure!r}")
+        """``lower_is_better``: the index scores by distance (an imported L2 index), so its shards' lists merge
+        smallest first."""
         if not shards:
             raise ValueError("the router needs at least one shard")
         self.encoder = encoder
         self.shards = list(shards)
-        self.limits = limits or SearchLimits()
-        self.on_shard_failure = on_shard_failure
-        # An imported L2 index scores by distance: its shards' lists merge smallest first.
+        self.settings = settings
         self.lower_is_better = lower_is_better
-        self.default_timeout_s = default_timeout_s
-        # Share of the caller's deadline kept back to merge and send the answer after the shards'
-        # deadline, not a fixed time: on a busy host a partial answer (one shard paused) must still reach
-        # the client before its deadline, not as DEADLINE_EXCEEDED.
-        self.reply_margin = reply_margin
-        self.min_reply_margin_s = min_reply_margin_s
-        self._cache = QueryCache(query_cache_size)
+        self._cache = QueryCache(settings.query_cache_size)
         # Queries being embedded now: the batch's future and the query's row in it.
         self._inflight: dict[str, tuple[asyncio.Future[np.ndarray], int]] = {}
         self._embedder: MicroBatcher[Sequence[str], np.ndarray] = MicroBatcher(
-            self._embed_batch,
-            max_batch_rows=embed_batch_rows,
-            max_wait_s=embed_wait_s,
-            name="embed",
-            on_batch=metrics.batch_observer("embed"),
-            workers=embed_workers,
-            split_when_idle=embed_split_when_idle,
+            self._embed_batch, settings.embed_batching(), name="embed", on_batch=metrics.batch_observer("embed"),
         )
 
     def _embed_batch(self, calls: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -168,7 +181,7 @@ class Router:
 
     async def _embed_rows(self, queries: list[str]) -> np.ndarray:
         """Each query submitted on its own, so that an idle encoder can split even one call's queries."""
-        if len(queries) == 1 or not self._embedder.split_when_idle:
+        if len(queries) == 1 or not self.settings.encoder_split_when_idle:
             return await self._embedder.submit(queries, rows=len(queries))
         rows = await asyncio.gather(*(self._embedder.submit([q], rows=1) for q in queries))
         return np.concatenate(rows)
@@ -222,11 +235,12 @@ class Router:
         omit_text: bool = False,
         timeout: float | None = None,
     ) -> SearchResult:
-        validate(queries, top_k, groups, self.limits)
+        validate(queries, top_k, groups, self.settings)
         metrics.QUERIES_PER_CALL.observe(len(queries))
-        budget = self.default_timeout_s if timeout is None else min(timeout, self.default_timeout_s)
+        limit = self.settings.timeout_s
+        budget = limit if timeout is None else min(timeout, limit)
         started = time.perf_counter()
-        deadline = started + budget - max(budget * self.reply_margin, self.min_reply_margin_s)
+        deadline = started + budget - max(budget * REPLY_MARGIN, MIN_REPLY_MARGIN_S)
         try:
             embeddings = await asyncio.wait_for(self.embed(queries), max(deadline - time.perf_counter(), 0))
         except TimeoutError:
@@ -243,7 +257,7 @@ class Router:
         fanned_out = time.perf_counter()
         metrics.STAGE_SECONDS.labels("fanout").observe(fanned_out - embedded)
         missing = tuple(i for i, a in enumerate(answers) if isinstance(a, str))
-        if missing and (self.on_shard_failure == "unavailable" or len(missing) == len(self.shards)):
+        if missing and (self.settings.on_shard_failure == "unavailable" or len(missing) == len(self.shards)):
             reasons = "; ".join(f"shard {i}: {answers[i]}" for i in missing)
             raise Unavailable(f"{len(missing)} of {len(self.shards)} shards did not answer ({reasons})")
         answered = [a for a in answers if not isinstance(a, str)]

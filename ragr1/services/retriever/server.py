@@ -147,19 +147,7 @@ async def build_router_server(config: RouterConfig, encoder: QueryEncoder | None
             export_dir=manifest.encoder_dir(config.encoder_backend),
             threads=config.encoder_threads,
         )
-    router = Router(
-        encoder,
-        shards,
-        limits=config,
-        on_shard_failure=config.on_shard_failure,
-        default_timeout_s=config.timeout_s,
-        embed_batch_rows=config.max_batch_rows,
-        embed_wait_s=config.max_wait_ms / 1000,
-        embed_workers=config.encoder_workers,
-        embed_split_when_idle=config.encoder_split_when_idle,
-        query_cache_size=config.query_cache_size,
-        lower_is_better=m.index.metric == "l2",
-    )
+    router = Router(encoder, shards, config.router_settings(), lower_is_better=m.index.metric == "l2")
     await router.embed(["warm-up"])
     info = retriever_pb2.InfoResponse(
         encoder=m.encoder.name,

@@ -15,7 +15,7 @@ import numpy as np
 
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever import metrics
-from ragr1.services.retriever.batching import MicroBatcher
+from ragr1.services.retriever.batching import Batching, MicroBatcher
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
@@ -58,12 +58,10 @@ class ShardSearcher:
         self.mmap = mmap
         self.dim = int(cpu_index.d)
         self.on_gpu = faiss_index.use_gpu(gpu, faiss_index.gpu_count(faiss))
+        # One worker: a (GPU) FAISS index must not be used from two threads.
+        batching = Batching(max_batch_rows=max_batch_rows, max_wait_s=max_wait_s, workers=1, split_when_idle=False)
         self._batcher: MicroBatcher[ShardQuery, ShardAnswer] = MicroBatcher(
-            self._search_batch,
-            max_batch_rows=max_batch_rows,
-            max_wait_s=max_wait_s,
-            name=f"shard{shard}",
-            on_batch=metrics.batch_observer("shard"),
+            self._search_batch, batching, name=f"shard{shard}", on_batch=metrics.batch_observer("shard"),
         )
         # The index is created on, and afterwards only touched by, the batcher's thread.
         self._index: Any = self._batcher.run_sync(
