@@ -93,6 +93,23 @@ def test_wait_for_async_awaits_a_coroutine_step() -> None:
     asyncio.run(scenario())
 
 
+def test_wait_for_async_awaits_a_coroutine_condition_and_returns_its_value() -> None:
+    async def scenario() -> None:
+        checks: list[int] = []
+
+        async def third_check() -> str:
+            await asyncio.sleep(0)
+            checks.append(1)
+            return "ready" if len(checks) == 3 else ""
+
+        assert await wait_for_async(third_check, "the third check", 10) == "ready"
+        assert len(checks) == 3
+        with pytest.raises(AssertionError, match="never true"):
+            await wait_for_async(lambda: asyncio.sleep(0, result=False), "never true", 0.05)
+
+    asyncio.run(scenario())
+
+
 def test_poll_until_returns_the_value_or_none_after_its_bound() -> None:
     box: list[int] = []
     later(0.02, lambda: box.append(1))

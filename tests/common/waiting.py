@@ -66,11 +66,11 @@ def wait_for(
 
 
 async def wait_for_async(
-    condition: Callable[[], T], what: What, seconds: float = 60.0, poll: float = 0.01, *,
+    condition: Callable[[], T | Awaitable[T]], what: What, seconds: float = 60.0, poll: float = 0.01, *,
     step: Callable[[], object] | None = None,
 ) -> T:
-    """``wait_for`` on an event loop: the loop runs other tasks between checks. ``step`` may be a coroutine
-    function."""
+    """``wait_for`` on an event loop: the loop runs other tasks between checks. ``condition`` and ``step`` may be
+    coroutine functions (a check that calls Redis off the loop: ``lambda: asyncio.to_thread(...)``)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while True:
@@ -78,7 +78,8 @@ async def wait_for_async(
             stepped = step()
             if inspect.isawaitable(stepped):
                 await stepped
-        value = condition()
+        checked = condition()
+        value = await checked if inspect.isawaitable(checked) else checked
         if value:
             return value
         assert loop.time() < deadline, _timed_out(what, seconds)

@@ -52,12 +52,7 @@ def worker(policy: Any, scorer: RewardServiceScorer, prompts: StreamQueue[Any], 
 async def until(condition: Callable[[], Any], what: str, seconds: float = 30.0) -> None:
     """Waits in the event loop (the worker runs in it) for ``condition()``, at most ``seconds``; the condition (a
     Redis call, which may block while a server restarts) runs off the loop, so the worker goes on meanwhile."""
-    holds: list[Any] = [None]
-
-    async def check() -> None:
-        holds[0] = await asyncio.to_thread(condition)
-
-    await wait_for_async(lambda: holds[0], what, seconds, 0.05, step=check)
+    await wait_for_async(lambda: asyncio.to_thread(condition), what, seconds, 0.05)
 
 
 def running(w: StreamingRolloutWorker, scenario: Callable[[], Awaitable[None]]) -> None:
@@ -205,13 +200,11 @@ def test_a_group_that_runs_longer_than_the_reclaim_time_keeps_its_lease(
     async def scenario() -> None:
         await until(lambda: prompts.backlog().in_progress == 1, "the prompt was never taken")
         taken = time.monotonic()
-        done: list[bool] = [False]
-
-        async def try_to_steal() -> None:  # however often another worker looks, until the group ends
+        async def stolen_until_done() -> bool:  # however often another worker looks, until the group ends
             stolen.extend(await asyncio.to_thread(other.reclaim, reclaim_ms, 10))
-            done[0] = await asyncio.to_thread(prompts.is_done, "slow")
+            return await asyncio.to_thread(prompts.is_done, "slow")
 
-        await wait_for_async(lambda: done[0], "the slow group never ended", 60, 0.1, step=try_to_steal)
+        await wait_for_async(stolen_until_done, "the slow group never ended", 60, 0.1)
         held_for.append(time.monotonic() - taken)
 
     running(w, scenario)
