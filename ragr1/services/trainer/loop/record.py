@@ -115,8 +115,8 @@ def step_record(
         record.update(signals(rollouts, groups))
         # With dynamic sampling: how many groups with a spread the update trained, and how many were sampled to
         # find them (the skipped uniform ones too).
-        record["groups_trained"] = len(set(groups))
-        record["groups_sampled"] = len(set(groups)) + len(skipped)
+        trained = len(set(groups))
+        record.update(groups_trained=trained, groups_sampled=trained + len(skipped))
     record.update(
         {
             "staleness_mean": sum(staleness) / len(staleness),
