@@ -17,7 +17,7 @@ from ragr1.services.retriever.encoder import Encoder, EncoderSettings
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
 from ragr1.services.retriever.router import Router, RouterSettings, SearchResult
-from ragr1.services.retriever.shard import ShardSearcher
+from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 
 TOP_K = 10
 # Below the recall@5 of supporting titles that all-MiniLM-L6-v2 reaches on this slice (the test prints it),
@@ -42,7 +42,7 @@ async def _search_all(
     index_dir: Path, encoder: Encoder, questions: list[str], top_k: int, **kwargs: object
 ) -> SearchResult:
     manifest = LoadedManifest(index_dir)
-    searchers = [ShardSearcher(manifest, i) for i in range(manifest.manifest.num_shards)]
+    searchers = [ShardSearcher(manifest, i, ShardSettings()) for i in range(manifest.manifest.num_shards)]
     router = Router(encoder, [LocalShard(s) for s in searchers], ONE_BATCH)
     try:
         return await router.search(questions, top_k, **kwargs)  # type: ignore[arg-type]
@@ -150,7 +150,7 @@ def test_query_cache_skips_the_encoder_for_repeated_queries(index_dirs: dict[int
 
     async def run() -> tuple[SearchResult, SearchResult]:
         manifest = LoadedManifest(index_dirs[1])
-        searcher = ShardSearcher(manifest, 0)
+        searcher = ShardSearcher(manifest, 0, ShardSettings())
         router = Router(counting, [LocalShard(searcher)], dataclasses.replace(ONE_BATCH, query_cache_size=2))
         try:
             first = await router.search(["Neil Peart", "Rush band", "Neil Peart"], 3)
@@ -187,7 +187,7 @@ def test_an_idle_router_splits_one_call_among_its_encoder_workers(
                 sizes.append(len(queries))
                 return counting.encode_queries(queries)
 
-        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0, ShardSettings())
         router = Router(
             Recording(),
             [LocalShard(searcher)],
@@ -225,7 +225,7 @@ def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
     index_dirs: dict[int, Path], encoder: Encoder
 ) -> None:
     async def run() -> tuple[SearchResult, float, SilentShard]:
-        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0, ShardSettings())
         silent = SilentShard()
         partial = dataclasses.replace(ONE_BATCH, on_shard_failure="partial")
         router = Router(encoder, [LocalShard(searcher), silent], partial)
