@@ -1,4 +1,6 @@
-"""The router over in-process shards: sharded answers equal one exact index and brute force; recall."""
+"""``router.Router`` over in-process shards: sharded answers equal one exact index and brute force; recall; the
+limits a call is checked against, the query cache, the encoder's batches, and the deadline a shard that does not
+answer leaves. (Its processes, its HTTP API and shards that die: tests/retriever/test_services.py.)"""
 
 from __future__ import annotations
 
@@ -243,3 +245,4 @@ def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
     # answer comes back with that margin to spare (the client, whose clock started earlier, still waits).
     assert silent.given and max(silent.given) <= 1.9
     assert elapsed < 2.0
+
