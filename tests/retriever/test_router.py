@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragr1.services.common.errors import InvalidArgument
+from ragr1.services.common.errors import InvalidArgument, Unavailable
 from ragr1.services.retriever.build import embed_store, embeddings_cache_dir
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings
@@ -246,3 +246,31 @@ def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
     assert silent.given and max(silent.given) <= 1.9
     assert elapsed < 2.0
 
+
+class Vectors:
+    """An encoder of 384-d zeros: where only the shards' timing matters."""
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        return np.zeros((len(queries), 384), dtype=np.float32)
+
+
+def test_timeout_s_is_the_deadline_of_a_call_that_brings_none_and_caps_a_longer_one() -> None:
+    """A silent shard is given what is left of ``timeout_s`` (less the share kept to reply), whether the call
+    brings no deadline or a longer one; with every shard silent even a partial answer has nothing to answer from."""
+    settings = dataclasses.replace(ONE_BATCH, timeout_s=0.5, on_shard_failure="partial")
+
+    async def given(timeout: float | None, shards: int) -> tuple[list[float], float]:
+        silent = [SilentShard() for _ in range(shards)]
+        router = Router(Vectors(), silent, settings)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(Unavailable, match=f"{shards} of {shards} shards did not answer"):
+                await router.search(["Neil Peart"], 3, timeout=timeout)
+            return [t for s in silent for t in s.given], asyncio.get_running_loop().time() - started
+        finally:
+            await router.aclose()
+
+    for timeout, shards in ((None, 1), (60.0, 2)):
+        times, elapsed = asyncio.run(given(timeout, shards))
+        assert len(times) == shards and max(times) <= 0.475, times
+        assert elapsed < 1.0  # not the caller's minute
