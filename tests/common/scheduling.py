@@ -35,6 +35,7 @@ GROUPS = {
         "tests/policy/test_async_rollouts.py",
         "tests/policy/test_engine.py",
         "tests/policy/test_retrieval.py",
+        "tests/policy/test_runtime.py",
         "tests/policy/test_streaming.py",
         "tests/policy/test_worker.py",
         "tests/policy/test_scale_rig.py",
