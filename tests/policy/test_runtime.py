@@ -58,6 +58,23 @@ def test_policy_rejects_bad_requests(tokenizer: Any, policy_model_dir: Path) -> 
         short.prompt_ids([Task("q", "Who wrote Hamlet?")])
 
 
+def test_a_requests_zero_sampling_values_take_the_servers_defaults_and_a_bad_one_is_named(
+    tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """A zero top_p, max_tokens or seed is a field the request left out (proto3); a zero temperature is greedy."""
+    policy = Policy(ScriptedEngine(tokenizer, SCRIPT), tokenizer, ScriptedSearch(), LoopConfig(max_model_len=100),
+                    model_dir=policy_model_dir, default_sampling=Sampling(temperature=0.7, top_p=0.8,
+                                                                          max_tokens_per_turn=50),
+                    limits=RolloutLimits(), schedule=LOCKSTEP_LOOP)
+    assert policy.sampling(0, 0, 0, 0, []) == Sampling(temperature=0, top_p=0.8, max_tokens_per_turn=50, seed=None)
+    assert policy.sampling(1.0, 0.5, 20, 3, ["</x>"]) == Sampling(temperature=1.0, top_p=0.5, max_tokens_per_turn=20,
+                                                                  seed=3, stop=("</x>",))
+    for args, message in [((1.0, 1.5, 0, 0, []), "top_p must be in"), ((1.0, 0, 101, 0, []), "max_model_len=100"),
+                          ((1.0, 0, 0, 0, ["</x>", ""]), "stop holds an empty string")]:
+        with pytest.raises(InvalidArgument, match=message):
+            policy.sampling(*args)
+
+
 def test_weights_unknown_after_a_failed_load_refuse_an_async_rollout_as_a_lock_step_one(
     tokenizer: Any, policy_model_dir: Path
 ) -> None:
