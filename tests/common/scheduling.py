@@ -19,7 +19,7 @@ from ragr1.shipped import ROOT
 LONG_MODULES = (
     "tests/policy/test_integration.py",
     "tests/policy/test_async_rollouts.py",
-    "tests/trainer/test_engine_sync.py",
+    "tests/policy/test_engine.py",
     "tests/trainer/test_learning.py",
     "tests/trainer/test_ray_train.py",
     "tests/retriever/test_import.py",
@@ -27,14 +27,15 @@ LONG_MODULES = (
 )
 
 # One worker runs all of a group. The policy modules share the session's retriever and reward servers
-# (tests/policy/conftest.py); the async loop's and the engine-sync modules share its in-process vLLM engine
+# (tests/policy/conftest.py); the async loop's and the engine's modules share its in-process vLLM engine
 # (tests/common/engine.py).
 GROUPS = {
     "policy services and the in-process engine": (
         "tests/policy/test_integration.py",
         "tests/policy/test_async_rollouts.py",
-        "tests/trainer/test_engine_sync.py",
+        "tests/policy/test_engine.py",
         "tests/policy/test_retrieval.py",
+        "tests/policy/test_runtime.py",
         "tests/policy/test_streaming.py",
         "tests/policy/test_worker.py",
         "tests/policy/test_scale_rig.py",

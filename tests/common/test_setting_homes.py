@@ -27,6 +27,7 @@ from ragr1.services.policy.worker import RolloutWorker, WorkerSettings
 from ragr1.services.retriever.batching import Batching, MicroBatcher
 from ragr1.services.retriever.config import RouterConfig, ShardConfig
 from ragr1.services.retriever.router import Router, RouterSettings
+from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 
 # Same name, different settings: each command's own, with its own default and help.
 DISTINCT = {
@@ -184,6 +185,8 @@ def test_the_services_core_classes_are_the_homes_of_their_settings() -> None:
         "heartbeat_seconds": "ragr1.services.policy.follower.FollowerSettings",
         "rollout_loop": "ragr1.services.policy.loops.RolloutLoopSettings",
         "query_cache_size": "ragr1.services.retriever.router.RouterSettings",
+        "checksum": "ragr1.services.retriever.shard.ShardSettings",
+        "search_threads": "ragr1.services.retriever.shard.ShardSettings",
     }
     assert {name: homes[name] for name in expected} == {name: {home} for name, home in expected.items()}
 
@@ -195,13 +198,15 @@ PARTS: list[tuple[type, type, type]] = [
     (StreamingRolloutWorker, WorkerSettings, PolicyConfig),
     (WeightFollower, FollowerSettings, PolicyConfig),
     (Router, RouterSettings, RouterConfig),
+    (ShardSearcher, ShardSettings, ShardConfig),
 ]
 # A micro-batcher's settings are its server's (the router's encoder batches, a shard's searches), renamed.
 BATCHERS: list[tuple[type, type, type]] = [
     (MicroBatcher, Batching, RouterConfig), (MicroBatcher, Batching, ShardConfig),
 ]
-# The router's config with the two settings that have no default (an index, its shards) and no other.
+# The router's config with the two settings that have no default (an index, its shards) and no other; a shard's.
 ROUTER = RouterConfig(index="index", shards=["shard:1"])
+SHARD = ShardConfig(index="index")
 
 
 def wrong_parameters(part: type, settings: type, config: type) -> list[str]:
@@ -264,6 +269,13 @@ def test_the_parts_made_from_default_configs_have_the_configs_defaults() -> None
                                workers=ROUTER.encoder_workers, split_when_idle=ROUTER.encoder_split_when_idle)
     assert router._cache.size == ROUTER.query_cache_size
     router._embedder._executor.shutdown()
+
+    # A searcher opens an index (tests/retriever/test_build.py makes one); what it is given and its batches are
+    # the config's.
+    assert SHARD.shard_settings() == ShardSettings()
+    assert ShardSettings().search_batching() == Batching(max_batch_rows=SHARD.max_batch_rows,
+                                                         max_wait_s=SHARD.max_wait_ms / 1000, workers=1,
+                                                         split_when_idle=False)
 
 
 def test_the_package_makes_a_parts_settings_only_from_its_config() -> None:

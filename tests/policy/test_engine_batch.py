@@ -1,18 +1,11 @@
-"""How many trajectories a rollout worker keeps running by default: its engine's batch, counted with the length
-trajectories reach (the engine's own rule, ``batch_of``, on a KV cache of a given size)."""
+"""``streaming.EngineBatch``: how many trajectories a rollout worker keeps running by default: its engine's batch,
+counted with the length trajectories reach (the engine's own rule, ``engine.batch_of``, on a KV cache of a given
+size; the rule's own test: tests/policy/test_engine.py)."""
 
 from __future__ import annotations
 
 from ragr1.services.policy.engine import batch_of
 from ragr1.services.policy.streaming import EngineBatch
-
-
-def test_the_batch_is_max_num_seqs_or_the_sequences_the_kv_cache_holds_whole() -> None:
-    assert batch_of(64, 1_000_000, 8_000) == 64
-    assert batch_of(256, 1_000_000, 8_000) == 125
-    assert batch_of(64, 46_603, 8_000) == 5
-    assert batch_of(64, 100, 8_000) == 1  # one always runs
-    assert batch_of(64, 0, 8_000) == 64  # a cache of unknown size limits nothing
 
 
 def test_the_batch_starts_at_the_longest_trajectory_then_follows_the_mean_length_of_the_last_ones() -> None:

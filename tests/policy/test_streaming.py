@@ -13,13 +13,11 @@ import redis
 from prometheus_client import REGISTRY
 
 from ragr1.protocol.information import Passage
-from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, StreamQueue
 from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.loops import RolloutLoopSettings
-from ragr1.services.policy.rollouts import task_of
 from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits
 from ragr1.services.policy.streaming import EngineBatch, StreamingRolloutWorker
 from ragr1.services.policy.weights import InFlight
@@ -279,13 +277,3 @@ def test_a_sample_that_ended_frees_its_place_before_its_group_ends(
     worker = streaming_worker(async_policy(UnevenEngine(tokenizer), tokenizer, policy_model_dir), reward_server,
                               prompts, rollouts, 2)
     assert produced_order(worker, rollouts, 3) == ["next", "pair", "pair"]
-
-
-def test_weights_unknown_after_a_failed_load_refuse_an_async_rollout_as_a_lock_step_one(
-    tokenizer: Any, policy_model_dir: Path
-) -> None:
-    """The fence's refusal reaches the caller as itself (UNAVAILABLE over gRPC), not as a group of failures."""
-    policy = async_policy(TimedEngine(tokenizer), tokenizer, policy_model_dir)
-    policy.gate.failed = "v1 from /nowhere: OSError: disk gone"
-    with pytest.raises(Unavailable, match="disk gone"):
-        asyncio.run(policy.rollout([task_of(task("f1", "Fast one?")), task_of(task("f2", "Fast two?"))], Sampling()))

@@ -11,10 +11,9 @@ import pytest
 import redis
 
 from ragr1.services.common import fleet
-from ragr1.services.common.errors import InvalidArgument
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Backlog, StreamQueue
-from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling, Task
+from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.backends import RewardServiceScorer
 from ragr1.services.policy.follower import FollowerSettings, WeightFollower
 from ragr1.services.policy.loops import RolloutLoopSettings
@@ -152,29 +151,6 @@ def test_invalid_tasks_are_dead_lettered(
     (dead,) = prompts.dead_letters()
     assert dead["id"] == "blank" and "question is empty" in dead["reason"]
     assert [d.message.task_id for d in rollouts.consume(10)] == ["fr"]
-
-
-def test_policy_rejects_bad_requests(tokenizer: Any, policy_model_dir: Path) -> None:
-    policy = make_policy(tokenizer, policy_model_dir, ScriptedSearch())
-    many = [Task(str(i), f"question {i}") for i in range(9)]
-    with pytest.raises(InvalidArgument, match="9 items; the limit is max_batch=8"):
-        policy.prompt_ids(many)
-    with pytest.raises(InvalidArgument, match=r"tasks\[0\].question is 5000 characters; the limit is 4096"):
-        policy.prompt_ids([Task("long", "x" * 5000)])
-    with pytest.raises(InvalidArgument, match="temperature"):
-        policy.sampling(-1, 0, 0, 0, [])
-    short = Policy(
-        ScriptedEngine(tokenizer, SCRIPT),
-        tokenizer,
-        ScriptedSearch(),
-        LoopConfig(max_model_len=100),
-        model_dir=policy_model_dir,
-        default_sampling=Sampling(),
-        limits=RolloutLimits(),
-        schedule=LOCKSTEP_LOOP,
-    )
-    with pytest.raises(InvalidArgument, match="tokens; the model's maximum length is 100"):
-        short.prompt_ids([Task("q", "Who wrote Hamlet?")])
 
 
 def test_samples_are_batched_within_max_batch(

@@ -25,7 +25,7 @@ from ragr1.services.retriever.importer import CountMismatch, import_index
 from ragr1.services.retriever.ivf_file import IvfSource
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.router import Router, RouterSettings
-from ragr1.services.retriever.shard import ShardSearcher
+from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 from ragr1.shipped import corpus_path
 from tests.retriever.processes import start_router, start_shards
 
@@ -135,7 +135,7 @@ def search_in_process(loaded: LoadedManifest, encoder: Encoder, sample: list[str
     lower_is_better = loaded.manifest.index.metric == "l2"
 
     async def search() -> list[list[tuple[str, float]]]:
-        searchers = [ShardSearcher(loaded, i) for i in range(loaded.manifest.num_shards)]
+        searchers = [ShardSearcher(loaded, i, ShardSettings()) for i in range(loaded.manifest.num_shards)]
 
         class InProcess:
             def __init__(self, s: ShardSearcher) -> None:

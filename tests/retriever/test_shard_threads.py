@@ -15,7 +15,7 @@ from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.manifest import LoadedManifest
-from ragr1.services.retriever.shard import ShardSearcher
+from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 from ragr1.services.retriever.shard_client import AsyncShardClient
 from tests.retriever.processes import start_shards
 
@@ -30,9 +30,9 @@ def test_search_threads_are_set_on_the_thread_that_searches(index_dirs: dict[int
     # (which is what the shard once did) shows here.
     with ThreadPoolExecutor(1) as fresh:
         wanted = fresh.submit(faiss.omp_get_max_threads).result() + 1
-    searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+    settings = ShardSettings(search_threads=wanted, blas_rows_per_thread=BLAS_ROWS)
+    searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0, settings)
     try:
-        searcher.set_threads(wanted, BLAS_ROWS)
         assert searcher.search_threads == wanted
     finally:
         asyncio.run(searcher.aclose())

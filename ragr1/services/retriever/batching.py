@@ -34,7 +34,8 @@ R = TypeVar("R")
 @dataclasses.dataclass(frozen=True)
 class Batching(Validated):
     """How a ``MicroBatcher`` batches. No defaults here: the config of the server that owns a batcher gives
-    each (the router's encoder batches: ``RouterSettings.embed_batching``; a shard's searches: its config's)."""
+    each (the router's encoder batches: ``RouterSettings.embed_batching``; a shard's searches:
+    ``ShardSettings.search_batching``)."""
 
     max_batch_rows: int
     max_wait_s: float

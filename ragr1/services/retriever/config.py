@@ -31,8 +31,7 @@ from ragr1.services.retriever.families import FAMILIES, SEARCH_R1_QUERY_TOKENS
 from ragr1.services.retriever.importer import DEFAULT_CHUNK_ROWS
 from ragr1.services.retriever.index import GPU_MODES, INDEX_TYPES, IndexParams
 from ragr1.services.retriever.router import RouterSettings, SearchLimits
-
-CHECKSUM_MODES = ("start", "background", "off")
+from ragr1.services.retriever.shard import ShardSettings
 
 
 def require_index(index: str) -> None:
@@ -211,34 +210,22 @@ class ShardConfig(ServerConfig):
     port: int = setting(ports.RETRIEVER_SHARD, "gRPC port (shard i conventionally on RETRIEVER_SHARD + i)")
     index: str = setting("", "index directory or its manifest.json (from `ragr1 index build`)")
     shard: int = setting(0, "which shard of the index to serve, 0-based")
-    gpu: str = setting("auto", "FAISS on GPU: auto (when one is visible), never, always")
-    checksum: str = setting(
-        "background",
-        "when to check the shard file's SHA-256 against the manifest (its size is always checked at start): "
-        "'start' before serving (reads the whole file), 'background' while serving (a mismatch stops the "
-        "shard), 'off'",
-    )
-    mmap: bool = setting(
-        True, "memory-map the index (ready in seconds, pages read on demand) instead of reading it whole"
-    )
-    max_batch_rows: int = setting(256, "most query rows in one index search; 1 turns micro-batching off")
-    max_wait_ms: float = setting(1.0, "longest a request waits for others to join its batch")
-    search_threads: int = setting(
-        1,
-        "FAISS (OpenMP) threads of the shard's searches; 0: every core. More only where the shard has cores of "
-        "its own: on a shared or CPU-limited host every parallel region waits for threads that are not running",
-    )
-    blas_rows_per_thread: int = setting(
-        4,
-        "flat indexes: a micro-batch of at least this many query rows per search thread is scored with one "
-        "matrix product (BLAS), fewer with one pass over the vectors per row; 0 keeps FAISS's own threshold",
-    )
+    gpu: str = same_as(ShardSettings, "gpu")
+    checksum: str = same_as(ShardSettings, "checksum")
+    mmap: bool = same_as(ShardSettings, "mmap")
+    max_batch_rows: int = same_as(ShardSettings, "max_batch_rows")
+    max_wait_ms: float = same_as(ShardSettings, "max_wait_ms")
+    search_threads: int = same_as(ShardSettings, "search_threads")
+    blas_rows_per_thread: int = same_as(ShardSettings, "blas_rows_per_thread")
 
     def validate(self) -> None:
         super().validate()
         require_index(self.index)
-        check_choice("checksum", self.checksum, CHECKSUM_MODES)
-        check_at_least(self, [("shard", 0), ("blas_rows_per_thread", 0)])
+        check_at_least(self, [("shard", 0)])
+        self.shard_settings()
+
+    def shard_settings(self) -> ShardSettings:
+        return part_of(ShardSettings, self)
 
 
 @dataclasses.dataclass

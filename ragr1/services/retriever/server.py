@@ -36,16 +36,7 @@ async def build_shard_server(config: ShardConfig) -> GrpcServer:
     """The shard's index loaded (memory-mapped by default), its checksum verified now or beside the
     server (a mismatch stops it with exit code 1)."""
     manifest = LoadedManifest(config.index)  # type: ignore[arg-type]
-    searcher = ShardSearcher(
-        manifest,
-        config.shard,
-        gpu=config.gpu,
-        verify_checksum=config.checksum == "start",
-        max_batch_rows=config.max_batch_rows,
-        max_wait_s=config.max_wait_ms / 1000,
-        mmap=config.mmap,
-    )
-    searcher.set_threads(config.search_threads, config.blas_rows_per_thread)
+    searcher = ShardSearcher(manifest, config.shard, config.shard_settings())
     m = manifest.manifest
     info = retriever_pb2.ShardInfoResponse(
         shard=config.shard,
@@ -69,7 +60,7 @@ async def build_shard_server(config: ShardConfig) -> GrpcServer:
     server.on_stop(searcher.aclose)
     ready = process_age()
     metrics.SHARD_TIME_TO_READY.set(ready)
-    metrics.SHARD_INDEX_MMAP.set(1 if searcher.mmap else 0)
+    metrics.SHARD_INDEX_MMAP.set(1 if config.mmap else 0)
     log.info("shard %d: ready %.2f s after the process started", config.shard, ready)
     return server
 

@@ -7,12 +7,14 @@ page cache that other shards of the same file share) as searches touch them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ragr1.services.common.config import Validated, check_at_least, check_choice, setting
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever import metrics
 from ragr1.services.retriever.batching import Batching, MicroBatcher
@@ -26,6 +28,50 @@ log = logging.getLogger(__name__)
 ShardQuery = tuple[np.ndarray, int]
 ShardAnswer = tuple[np.ndarray, np.ndarray]  # scores, global rows; k columns each
 
+# When a shard's file is checked against the manifest's SHA-256 (ShardSettings.checksum).
+CHECKSUM_MODES = ("start", "background", "off")
+
+
+@dataclasses.dataclass
+class ShardSettings(Validated):
+    """How a shard opens and searches its index. The shard's config takes each of these definitions (``same_as``)
+    and gives the searcher this object whole (``ShardConfig.shard_settings``)."""
+
+    gpu: str = setting("auto", "FAISS on GPU: auto (when one is visible), never, always")
+    checksum: str = setting(
+        "background",
+        "when to check the shard file's SHA-256 against the manifest (its size is always checked at start): "
+        "'start' before serving (reads the whole file), 'background' while serving (a mismatch stops the "
+        "shard), 'off'",
+    )
+    mmap: bool = setting(
+        True, "memory-map the index (ready in seconds, pages read on demand) instead of reading it whole"
+    )
+    max_batch_rows: int = setting(256, "most query rows in one index search; 1 turns micro-batching off")
+    max_wait_ms: float = setting(1.0, "longest a request waits for others to join its batch")
+    search_threads: int = setting(
+        1,
+        "FAISS (OpenMP) threads of the shard's searches; 0: every core. More only where the shard has cores of "
+        "its own: on a shared or CPU-limited host every parallel region waits for threads that are not running",
+    )
+    blas_rows_per_thread: int = setting(
+        4,
+        "flat indexes: a micro-batch of at least this many query rows per search thread is scored with one "
+        "matrix product (BLAS), fewer with one pass over the vectors per row; 0 keeps FAISS's own threshold",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("gpu", self.gpu, faiss_index.GPU_MODES)
+        check_choice("checksum", self.checksum, CHECKSUM_MODES)
+        check_at_least(self, (("max_batch_rows", 1), ("max_wait_ms", 0), ("search_threads", 0),
+                              ("blas_rows_per_thread", 0)))
+
+    def search_batching(self) -> Batching:
+        # One worker: a (GPU) FAISS index must not be used from two threads.
+        return Batching(max_batch_rows=self.max_batch_rows, max_wait_s=self.max_wait_ms / 1000, workers=1,
+                        split_when_idle=False)
+
 
 class ShardSearcher:
     """Loads and checks shard ``shard`` of the index at ``manifest``; ``search`` is safe to call concurrently.
@@ -33,41 +79,30 @@ class ShardSearcher:
     Raises ``ManifestMismatch`` (with the reason) when the files do not match the manifest.
     """
 
-    def __init__(
-        self,
-        manifest: LoadedManifest,
-        shard: int,
-        *,
-        gpu: str = "auto",
-        verify_checksum: bool = True,
-        max_batch_rows: int = 256,
-        max_wait_s: float = 0.001,
-        mmap: bool = True,
-    ) -> None:
+    def __init__(self, manifest: LoadedManifest, shard: int, settings: ShardSettings) -> None:
         import faiss
 
         self.manifest = manifest
         self.shard = shard
+        self.settings = settings
         self.entry = manifest.entry(shard)
-        manifest.check_shard_file(shard, verify_checksum=verify_checksum)
+        # "background" is the server's: it checks the file beside serving.
+        manifest.check_shard_file(shard, verify_checksum=settings.checksum == "start")
         self.store = PassageStore(manifest.store_path())
         manifest.check_store(self.store)
         spec = manifest.manifest.index
-        cpu_index = faiss_index.read(faiss, str(manifest.shard_path(shard)), spec.index_type, mmap)
+        cpu_index = faiss_index.read(faiss, str(manifest.shard_path(shard)), spec.index_type, settings.mmap)
         manifest.check_shard_index(shard, cpu_index.ntotal, cpu_index.d)
-        self.mmap = mmap
         self.dim = int(cpu_index.d)
-        self.on_gpu = faiss_index.use_gpu(gpu, faiss_index.gpu_count(faiss))
-        # One worker: a (GPU) FAISS index must not be used from two threads.
-        batching = Batching(max_batch_rows=max_batch_rows, max_wait_s=max_wait_s, workers=1, split_when_idle=False)
+        self.on_gpu = faiss_index.use_gpu(settings.gpu, faiss_index.gpu_count(faiss))
         self._batcher: MicroBatcher[ShardQuery, ShardAnswer] = MicroBatcher(
-            self._search_batch, batching, name=f"shard{shard}", on_batch=metrics.batch_observer("shard"),
+            self._search_batch, settings.search_batching(), name=f"shard{shard}",
+            on_batch=metrics.batch_observer("shard"),
         )
         # The index is created on, and afterwards only touched by, the batcher's thread.
         self._index: Any = self._batcher.run_sync(
             lambda: faiss_index.prepare_for_search(faiss, cpu_index, manifest.manifest.index, self.on_gpu)
         ).result()
-        self.search_threads = self._batcher.run_sync(lambda: int(faiss.omp_get_max_threads())).result()
         log.info(
             "shard %d: %d passages (rows %d..%d), %s index on %s%s",
             shard,
@@ -76,23 +111,19 @@ class ShardSearcher:
             self.entry.end,
             spec.index_type,
             "GPU" if self.on_gpu else "CPU",
-            ", memory-mapped" if mmap and not self.on_gpu else "",
+            ", memory-mapped" if settings.mmap and not self.on_gpu else "",
         )
-
-    def set_threads(self, threads: int, blas_rows_per_thread: int) -> None:
-        """FAISS's threads for this shard's searches (0: every core) and the batch size from which they are
-        one matrix product (``index.set_blas_rows``), set on the thread that runs the searches: OpenMP keeps
-        a thread count per thread, and one set on another thread leaves the searches on every core."""
-        import faiss
-
-        def apply() -> int:
-            if threads > 0:
-                faiss.omp_set_num_threads(threads)
-            faiss_index.set_blas_rows(faiss, blas_rows_per_thread, self.dim)
-            return int(faiss.omp_get_max_threads())
-
-        self.search_threads = self._batcher.run_sync(apply).result()
+        self.search_threads = self._batcher.run_sync(lambda: self._set_threads(faiss)).result()
         log.info("shard %d: %d search thread(s)", self.shard, self.search_threads)
+
+    def _set_threads(self, faiss: Any) -> int:
+        """FAISS's threads for this shard's searches (0: every core) and the batch size from which they are one
+        matrix product (``index.set_blas_rows``); run on the thread that runs the searches: OpenMP keeps a thread
+        count per thread, and one set on another thread leaves the searches on every core."""
+        if self.settings.search_threads > 0:
+            faiss.omp_set_num_threads(self.settings.search_threads)
+        faiss_index.set_blas_rows(faiss, self.settings.blas_rows_per_thread, self.dim)
+        return int(faiss.omp_get_max_threads())
 
     @property
     def num_passages(self) -> int:

