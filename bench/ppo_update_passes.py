@@ -22,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ppo_profile
 import torch
 import trainer_throughput
 
@@ -29,7 +30,6 @@ from ragr1.model_paths import prepare_policy_model
 from ragr1.services.trainer.config import PPOSettings
 from ragr1.services.trainer.updater import PPOUpdater, Sample
 
-PHASES = ("prepare", "step", "_likelihood_change")
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults (checkpointing, KL reference)": {},
     "no checkpointing": {"gradient_checkpointing": False},
@@ -39,29 +39,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def timed_update(updater: PPOUpdater, samples: list[Sample]) -> tuple[float, dict[str, float]]:
-    """One update's wall seconds and its phases' seconds."""
+    """One update's wall seconds and its phases' seconds (``ppo_profile.phases``)."""
     seconds: dict[str, float] = {}
-    originals = {name: getattr(updater, name) for name in PHASES}
-
-    def wrap(name: str) -> Any:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return originals[name](*args, **kwargs)
-            finally:
-                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-
-        return timed
-
-    for name in PHASES:
-        setattr(updater, name, wrap(name))
-    try:
+    with ppo_profile.phases(updater, lambda: None, seconds):
         start = time.perf_counter()
         updater.update(samples)
         return time.perf_counter() - start, seconds
-    finally:
-        for name in PHASES:
-            delattr(updater, name)
 
 
 def main() -> None:
@@ -88,7 +71,7 @@ def main() -> None:
         runs = [timed_update(updater, samples) for _ in range(args.repeats)]
         wall, phases = min(runs, key=lambda run: run[0])
         baseline = baseline or wall
-        parts = ", ".join(f"{phase.strip('_')} {phases.get(phase, 0.0):.1f} s" for phase in PHASES)
+        parts = ", ".join(f"{phase.strip('_')} {seconds:.1f} s" for phase, seconds in phases.items())
         print(f"{name:40s} {wall:7.1f} s  x{wall / baseline:.2f}  ({parts})")
 
 
