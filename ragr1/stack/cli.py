@@ -85,10 +85,10 @@ def _eval(config: EvalConfig) -> int:
         info = policy.info()  # after the checkpoint load: the weights the numbers come from
         summaries, records, every = [], [], []
         for name, questions in sets.items():
-            for mode in modes:
-                rollouts, seconds = evaluate.run_questions(
-                    lambda tasks: policy.rollout(tasks), questions, mode, batch_size=config.batch_size
-                )
+            by_mode = evaluate.run_questions(
+                lambda tasks: policy.rollout(tasks), questions, modes, batch_size=config.batch_size
+            )
+            for mode, (rollouts, seconds) in by_mode.items():
                 every += rollouts
                 # Per data source: a Search-R1 test.parquet mixes the seven benchmarks in one file.
                 benchmark = Path(name).name.split(".")[0]

@@ -191,11 +191,11 @@ class Demo:
         every: list[common_pb2.Rollout] = []
         start = time.perf_counter()
         with tqdm(total=len(EVAL_MODES) * len(self.eval_set), desc=f"evaluate {stage}", unit=" q") as bar:
-            for mode in EVAL_MODES:
-                rollouts, seconds = evaluate.run_questions(
-                    lambda tasks: policy.rollout(tasks), self.eval_set, mode, batch_size=c.eval.batch_size,
-                    run=stage, progress=bar.update,
-                )
+            by_mode = evaluate.run_questions(
+                lambda tasks: policy.rollout(tasks), self.eval_set, EVAL_MODES, batch_size=c.eval.batch_size,
+                run=stage, progress=bar.update,
+            )
+            for mode, (rollouts, seconds) in by_mode.items():
                 summaries += evaluate.summarise_sources(mode, rollouts, seconds)
                 records += [{"stage": stage, **evaluate.rollout_record(r)} for r in rollouts]
                 every += rollouts

@@ -15,6 +15,7 @@ when their corpus and retriever are the same (``incomparable``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import statistics
@@ -186,20 +187,39 @@ RolloutFn = Callable[[Sequence[common_pb2.PromptTask]], list[common_pb2.Rollout]
 
 
 def run_questions(
-    rollout: RolloutFn, questions: Sequence[Question], mode: str, batch_size: int = 16, run: str = "eval",
+    rollout: RolloutFn, questions: Sequence[Question], modes: Sequence[str], batch_size: int = 16, run: str = "eval",
     progress: Callable[[int], object] | None = None,
-) -> tuple[list[common_pb2.Rollout], float]:
-    """Runs every question once in ``mode`` in batches; returns the rollouts and the wall seconds."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    rollouts: list[common_pb2.Rollout] = []
-    start = time.perf_counter()
-    for i in range(0, len(questions), batch_size):
-        batch = [to_task(q, mode, run) for q in questions[i:i + batch_size]]
-        rollouts += rollout(batch)
+) -> dict[str, tuple[list[common_pb2.Rollout], float]]:
+    """Runs every question once in each of ``modes``; returns each mode's rollouts (in question order) and its
+    share of the wall seconds. The modes' questions go out in one sequence of batches of ``batch_size``: a
+    trajectory's time barely depends on its batch on a CPU engine, so a mode's last, short batch would cost
+    nearly a full one's. A batch's seconds are shared out by question, as ``summarise_sources`` does."""
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {', '.join(map(repr, unknown))}")
+    tasks = [(mode, to_task(q, mode, run)) for mode in modes for q in questions]
+    # Rollouts come back matched by task id.
+    repeated = [i for i, n in collections.Counter(task.id for _, task in tasks).items() if n > 1]
+    if repeated:
+        raise ValueError(f"question ids must be unique within a run: {repeated[:3]} appear more than once")
+    got: dict[str, common_pb2.Rollout] = {}
+    seconds = dict.fromkeys(modes, 0.0)
+    for i in range(0, len(tasks), batch_size):
+        batch = tasks[i:i + batch_size]
+        start = time.perf_counter()
+        replies = rollout([task for _, task in batch])
+        elapsed = time.perf_counter() - start
+        got.update((r.task_id, r) for r in replies)
+        for mode, n in collections.Counter(mode for mode, _ in batch).items():
+            seconds[mode] += elapsed * n / len(batch)
         if progress is not None:
             progress(len(batch))
-    return rollouts, time.perf_counter() - start
+    missing = [task.id for _, task in tasks if task.id not in got]
+    if missing:
+        raise ValueError(f"the policy returned no rollout for {len(missing)} of {len(tasks)} tasks: {missing[:3]}")
+    return {
+        mode: ([got[task.id] for m, task in tasks if m == mode], seconds[mode]) for mode in modes
+    }
 
 
 def summarise_sources(

@@ -155,3 +155,40 @@ def test_the_code_commit_is_the_checkout_s_and_unknown_elsewhere(tmp_path: Path)
     # A folder inside someone else's checkout (a package installed in a project's tree) is not that code.
     (tmp_path / "site").mkdir()
     assert code_commit(tmp_path / "site") == "unknown"
+
+
+def test_the_modes_go_out_in_one_sequence_of_full_batches_and_come_back_per_mode_in_question_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    questions = [
+        evaluate.Question(id=f"q{i}", question=f"question {i}?", golden_answers=["a"], data_source="popqa")
+        for i in range(40)
+    ]
+    calls: list[list[str]] = []
+
+    def rollout(tasks: list[common_pb2.PromptTask]) -> list[common_pb2.Rollout]:
+        calls.append([t.id for t in tasks])
+        # Answered out of order, as a policy may finish them.
+        return [common_pb2.Rollout(id=f"r-{t.id}", task_id=t.id, mode=t.mode) for t in reversed(tasks)]
+
+    # A clock that moves one second a reading: every batch takes one second.
+    clock = iter(range(1000))
+    monkeypatch.setattr(evaluate.time, "perf_counter", lambda: float(next(clock)))
+    done: list[int] = []
+    by_mode = evaluate.run_questions(rollout, questions, ["none", "single", "multi"], batch_size=32, run="sft",
+                                     progress=done.append)
+    # 120 tasks in batches of 32: no mode ends on a short batch of its own (32 + 8 three times before).
+    assert [len(c) for c in calls] == [32, 32, 32, 24] and sum(done) == 120
+    assert list(by_mode) == ["none", "single", "multi"]
+    for mode, (rollouts, _) in by_mode.items():
+        assert [r.task_id for r in rollouts] == [f"sft:{mode}:q{i}" for i in range(40)]
+        assert all(r.mode == evaluate.MODES[mode] for r in rollouts)
+    # A mode's share of a batch's second is its share of the batch's questions: none has all of the first batch
+    # and 8/32 of the second, single 24/32 and 16/32, multi 16/32 and all of the last.
+    assert {mode: seconds for mode, (_, seconds) in by_mode.items()} == {"none": 1.25, "single": 1.25, "multi": 1.5}
+    with pytest.raises(ValueError, match=r"'both'"):
+        evaluate.run_questions(rollout, questions, ["multi", "both"])
+    with pytest.raises(ValueError, match=r"unique.*q0"):
+        evaluate.run_questions(rollout, questions + questions[:1], ["multi"])
+    with pytest.raises(ValueError, match=r"no rollout for 1 of 40 tasks"):
+        evaluate.run_questions(lambda tasks: rollout(tasks)[1:], questions, ["multi"], batch_size=40)
