@@ -191,17 +191,18 @@ def run_questions(
     progress: Callable[[int], object] | None = None,
 ) -> dict[str, tuple[list[common_pb2.Rollout], float]]:
     """Runs every question once in each of ``modes``; returns each mode's rollouts (in question order) and its
-    share of the wall seconds. The modes' questions go out in one sequence of batches of ``batch_size``: a
-    trajectory's time barely depends on its batch on a CPU engine, so a mode's last, short batch would cost
-    nearly a full one's. A batch's seconds are shared out by question, as ``summarise_sources`` does."""
+    share of the wall seconds. The modes' questions go out in one sequence of batches of ``batch_size``: a batch
+    takes about as long as its longest trajectory, so a mode's last, short batch would cost nearly a full one's.
+    A batch's seconds are shared out by question, as ``summarise_sources`` does."""
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {', '.join(map(repr, unknown))}")
-    tasks = [(mode, to_task(q, mode, run)) for mode in modes for q in questions]
-    # Rollouts come back matched by task id.
-    repeated = [i for i, n in collections.Counter(task.id for _, task in tasks).items() if n > 1]
+    modes = list(dict.fromkeys(modes))
+    # Rollouts come back matched by task id, which is the question's id in its mode.
+    repeated = [i for i, n in collections.Counter(q.id for q in questions).items() if n > 1]
     if repeated:
         raise ValueError(f"question ids must be unique within a run: {repeated[:3]} appear more than once")
+    tasks = [(mode, to_task(q, mode, run)) for mode in modes for q in questions]
     got: dict[str, common_pb2.Rollout] = {}
     seconds = dict.fromkeys(modes, 0.0)
     for i in range(0, len(tasks), batch_size):

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,8 +12,7 @@ from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.build import embed_store, embeddings_cache_dir
 from ragr1.services.retriever.corpus import PassageStore, read_corpus, write_store
 from ragr1.services.retriever.encoder import Encoder, EncoderSettings
-from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch, shard_ranges
-from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
+from ragr1.services.retriever.manifest import LoadedManifest, shard_ranges
 from ragr1.shipped import corpus_path
 
 
@@ -92,55 +90,3 @@ def test_compressed_indexes_find_most_of_the_exact_neighbours(
         opened = faiss_index.read(faiss, str(path), spec.index_type, True)
         mapped = faiss_index.prepare_for_search(faiss, opened, spec, False)
         np.testing.assert_array_equal(mapped.search(queries, 10)[1], found)
-
-
-def test_shard_refuses_files_that_do_not_match_the_manifest(index_dirs: dict[int, Path], tmp_path: Path) -> None:
-    loaded = LoadedManifest(index_dirs[2])
-    shard_file = loaded.shard_path(1)
-    original = shard_file.read_bytes()
-    try:
-        shard_file.write_bytes(original[:-8] + b"\0" * 8)
-        with pytest.raises(ManifestMismatch, match=r"shard 1: .* has sha256 .* the manifest says"):
-            ShardSearcher(loaded, 1, ShardSettings(checksum="start"))
-    finally:
-        shard_file.write_bytes(original)
-    with pytest.raises(ManifestMismatch, match="shard 2 does not exist"):
-        ShardSearcher(loaded, 2, ShardSettings())
-    # A truncated file is refused at start even when its checksum is left for later, or never checked.
-    try:
-        shard_file.write_bytes(original[:-8])
-        with pytest.raises(ManifestMismatch, match=rf"shard 1: .* has {len(original) - 8} bytes, the manifest says"):
-            ShardSearcher(loaded, 1, ShardSettings(checksum="background"))
-        with pytest.raises(ManifestMismatch, match=rf"shard 1: .* has {len(original) - 8} bytes, the manifest says"):
-            ShardSearcher(loaded, 1, ShardSettings(checksum="off"))
-    finally:
-        shard_file.write_bytes(original)
-    # The right file under another manifest (other ranges): the vector count gives it away.
-    other = json.loads(loaded.path.read_text())
-    other["shards"][1]["end"] -= 1
-    other["store_dir"] = str(loaded.store_path().resolve())
-    (tmp_path / "manifest.json").write_text(json.dumps(other))
-    (tmp_path / shard_file.name).write_bytes(original)
-    with pytest.raises(ManifestMismatch, match="index holds 1000 vectors, the manifest says 999"):
-        ShardSearcher(LoadedManifest(tmp_path), 1, ShardSettings())
-    other["shards"][1]["end"] += 1
-    other["store_sha256"] = "0" * 64
-    (tmp_path / "manifest.json").write_text(json.dumps(other))
-    with pytest.raises(ManifestMismatch, match="is not the one the index was built from"):
-        ShardSearcher(LoadedManifest(tmp_path), 1, ShardSettings())
-
-
-def test_a_memory_mapped_shard_answers_as_one_read_whole(index_dirs: dict[int, Path], encoder: Encoder) -> None:
-    import asyncio
-
-    loaded = LoadedManifest(index_dirs[2])
-    queries = encoder.encode_queries(["Neil Peart", "Which band released Counterparts?"])
-
-    async def search(mmap: bool) -> list[list[tuple[str, float]]]:
-        searcher = ShardSearcher(loaded, 1, ShardSettings(mmap=mmap))
-        try:
-            return [[(h.id, h.score) for h in hits] for hits in await searcher.search(queries, 5)]
-        finally:
-            await searcher.aclose()
-
-    assert asyncio.run(search(True)) == asyncio.run(search(False))

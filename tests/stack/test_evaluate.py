@@ -186,6 +186,9 @@ def test_the_modes_go_out_in_one_sequence_of_full_batches_and_come_back_per_mode
     # A mode's share of a batch's second is its share of the batch's questions: none has all of the first batch
     # and 8/32 of the second, single 24/32 and 16/32, multi 16/32 and all of the last.
     assert {mode: seconds for mode, (_, seconds) in by_mode.items()} == {"none": 1.25, "single": 1.25, "multi": 1.5}
+    # A mode named twice runs once.
+    twice = evaluate.run_questions(rollout, questions[:2], ["multi", "multi"])
+    assert list(twice) == ["multi"] and len(twice["multi"][0]) == 2
     with pytest.raises(ValueError, match=r"'both'"):
         evaluate.run_questions(rollout, questions, ["multi", "both"])
     with pytest.raises(ValueError, match=r"unique.*q0"):

@@ -1,9 +1,12 @@
-"""A shard's FAISS settings reach the thread that searches: its thread count, and the batch size from which a
-flat search is one matrix product (BLAS) instead of one pass over the vectors per query row."""
+"""``ShardSearcher``: it refuses files that do not match the manifest, a memory-mapped shard answers as one read
+whole, and its FAISS settings reach the thread that searches (its thread count, and the batch size from which a
+flat search is one matrix product (BLAS) instead of one pass over the vectors per query row). Served as a process:
+test_shard_checksum.py (the background checksum) and test_services.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder
-from ragr1.services.retriever.manifest import LoadedManifest
+from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
 from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 from ragr1.services.retriever.shard_client import AsyncShardClient
 from tests.retriever.processes import start_shards
@@ -95,3 +98,53 @@ def test_the_threshold_scales_with_the_threads_and_zero_keeps_faiss_own(rows_per
         assert faiss.cvar.distance_compute_blas_threshold == expected
     finally:
         faiss.cvar.distance_compute_blas_threshold = before
+
+
+def test_shard_refuses_files_that_do_not_match_the_manifest(index_dirs: dict[int, Path], tmp_path: Path) -> None:
+    loaded = LoadedManifest(index_dirs[2])
+    shard_file = loaded.shard_path(1)
+    original = shard_file.read_bytes()
+    try:
+        shard_file.write_bytes(original[:-8] + b"\0" * 8)
+        with pytest.raises(ManifestMismatch, match=r"shard 1: .* has sha256 .* the manifest says"):
+            ShardSearcher(loaded, 1, ShardSettings(checksum="start"))
+    finally:
+        shard_file.write_bytes(original)
+    with pytest.raises(ManifestMismatch, match="shard 2 does not exist"):
+        ShardSearcher(loaded, 2, ShardSettings())
+    # A truncated file is refused at start even when its checksum is left for later, or never checked.
+    try:
+        shard_file.write_bytes(original[:-8])
+        with pytest.raises(ManifestMismatch, match=rf"shard 1: .* has {len(original) - 8} bytes, the manifest says"):
+            ShardSearcher(loaded, 1, ShardSettings(checksum="background"))
+        with pytest.raises(ManifestMismatch, match=rf"shard 1: .* has {len(original) - 8} bytes, the manifest says"):
+            ShardSearcher(loaded, 1, ShardSettings(checksum="off"))
+    finally:
+        shard_file.write_bytes(original)
+    # The right file under another manifest (other ranges): the vector count gives it away.
+    other = json.loads(loaded.path.read_text())
+    other["shards"][1]["end"] -= 1
+    other["store_dir"] = str(loaded.store_path().resolve())
+    (tmp_path / "manifest.json").write_text(json.dumps(other))
+    (tmp_path / shard_file.name).write_bytes(original)
+    with pytest.raises(ManifestMismatch, match="index holds 1000 vectors, the manifest says 999"):
+        ShardSearcher(LoadedManifest(tmp_path), 1, ShardSettings())
+    other["shards"][1]["end"] += 1
+    other["store_sha256"] = "0" * 64
+    (tmp_path / "manifest.json").write_text(json.dumps(other))
+    with pytest.raises(ManifestMismatch, match="is not the one the index was built from"):
+        ShardSearcher(LoadedManifest(tmp_path), 1, ShardSettings())
+
+
+def test_a_memory_mapped_shard_answers_as_one_read_whole(index_dirs: dict[int, Path], encoder: Encoder) -> None:
+    loaded = LoadedManifest(index_dirs[2])
+    queries = encoder.encode_queries(["Neil Peart", "Which band released Counterparts?"])
+
+    async def search(mmap: bool) -> list[list[tuple[str, float]]]:
+        searcher = ShardSearcher(loaded, 1, ShardSettings(mmap=mmap))
+        try:
+            return [[(h.id, h.score) for h in hits] for hits in await searcher.search(queries, 5)]
+        finally:
+            await searcher.aclose()
+
+    assert asyncio.run(search(True)) == asyncio.run(search(False))
