@@ -155,7 +155,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     vllm, loop = engine
     model_dir = prepare_policy_model()
     # The shipped defaults (LoRA r16, bf16 autocast where native, KL in the reward, alarm threshold), small batches,
-    # no activation checkpointing (the same numbers, tests/trainer/test_model.py, at a quarter more compute).
+    # no activation checkpointing (it trades compute for memory; the same numbers: tests/trainer/test_model.py).
     config = PPOConfig(batch_size=4, mini_batch_size=2, max_updates=3, gradient_checkpointing=False)
     updater = PPOUpdater.build(config, model_dir)
     # The loop's own copy: each train() below moves its max_updates on by one, the updater's stays.

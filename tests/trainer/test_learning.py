@@ -45,7 +45,8 @@ def test_group_relative_ppo_raises_the_reward_of_a_small_pretrained_model() -> N
     model = PolicyModel(prepare_policy_model(), lora_rank=16)
     # The shipped update (4 clipped mini-batch steps per batch of 16, AdamW with weight decay), GRPO,
     # with a learning rate and no warm-up that let 6 updates show the rise; without activation checkpointing,
-    # which recomputes the same numbers (tests/trainer/test_model.py) at a quarter more compute.
+    # which only trades compute for memory these short sequences do not need (the same numbers:
+    # tests/trainer/test_model.py).
     settings = PPOSettings(
         gradient_checkpointing=False,
         actor_lr=5e-4,
