@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ppo_profile
 import torch
 import trainer_throughput
+from transformers import AutoTokenizer
 
 from ragr1.model_paths import prepare_policy_model
 from ragr1.services.trainer.config import PPOSettings
@@ -57,11 +58,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = prepare_policy_model()
     shipped = PPOSettings(advantage="grpo", micro_batch_size=2)
-    probe = PPOUpdater.build(shipped, model_dir)
-    samples = trainer_throughput.rollout_samples(probe.actor.tokenizer, args.rollouts, args.response_tokens)
+    samples = trainer_throughput.rollout_samples(
+        AutoTokenizer.from_pretrained(str(model_dir)), args.rollouts, args.response_tokens
+    )
     for i, sample in enumerate(samples):
         sample.group_id = f"g{i // 4}"
-    del probe
     tokens = sum(len(s.sequence.prompt_ids) + len(s.sequence.response_ids) for s in samples)
     print(f"{args.rollouts} rollouts, {tokens} tokens, {args.threads} thread(s), best of {args.repeats}")
     baseline = 0.0
