@@ -55,6 +55,8 @@ PRESETS = Path(__file__).resolve().parent / "presets"
 DEFAULT_PRESET = "default"
 STAGES = ("base", "sft", "rl")
 EVAL_MODES = ("none", "single", "multi")
+# The stages evaluated on the more held-out questions (``gain_questions``), in the mode RL trains.
+GAIN_STAGES = ("sft", "rl")
 # The version the SFT weights are announced as; RL trains on from it (the base model is version 0).
 SFT_VERSION = 1
 # The rollout workers' consumer group on the prompts stream (the policy's default).
@@ -97,6 +99,10 @@ class DemoConfig(StackConfig):
                                  "question sources (training files with paragraphs; popqa: its birthplaces)",
                                  factory=True)
     eval_questions: int = setting(10, "held-out questions per source, evaluated in every mode after every stage")
+    gain_questions: int = setting(
+        0, "more held-out questions per source (after RL's), evaluated after SFT and after RL in the mode RL "
+        "trains only: the SFT -> RL gain on more questions than every mode's evaluation affords",
+    )
     train_questions: int = setting(26, "SFT questions per source (a single- and a multi-query trajectory each)")
     rl_questions: int = setting(16, "RL prompt questions per source, disjoint from SFT's and evaluation's")
     # RAG-R1 mixes NQ's single-hop questions into its RL set; the shipped NQ questions have no passages in
@@ -119,7 +125,8 @@ class DemoConfig(StackConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_at_least(self, (("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1)))
+        check_at_least(self, (("eval_questions", 1), ("train_questions", 1), ("rl_questions", 1),
+                              ("gain_questions", 0)))
         check_choice("ppo.mode", self.ppo.mode, ("single", "multi"))
         if self.ppo.max_updates < 1:
             raise ValueError(f"ppo.max_updates must be at least 1 (the demo's RL ends), got {self.ppo.max_updates}")
@@ -143,6 +150,9 @@ class StageResult:
     seconds: float
     # What the numbers depend on (``evaluate.provenance``): corpus, retriever, checkpoint, sampling, seed, code.
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The more held-out questions' (``gain_questions``; GAIN_STAGES only), in the mode RL trains.
+    gain_summaries: list[evaluate.EvalSummary] = dataclasses.field(default_factory=list)
+    gain_records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class Demo:
@@ -152,6 +162,7 @@ class Demo:
         self.ports = wiring.Ports.of(config)
         self.phases: dict[str, float] = {}
         self.stages: list[StageResult] = []
+        self.gain_set: list[evaluate.Question] = []
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -165,12 +176,14 @@ class Demo:
     def questions(self) -> Split:
         c = self.config
         split = split_questions(c.eval_questions, c.train_questions, sources=c.sources, rl_per_source=c.rl_questions,
-                                rl_sources=c.rl_sources or None)
+                                rl_sources=c.rl_sources or None, gain_per_source=c.gain_questions)
         data_dir = self.directory / "data"
         self.eval_file = write_jsonl(split.eval, data_dir / "eval.jsonl")
         self.train_file = write_jsonl(split.train, data_dir / "train.jsonl")
         self.rl_file = write_jsonl(split.rl, data_dir / "rl.jsonl")
         self.eval_set = evaluate.load_questions(self.eval_file)
+        self.gain_file = write_jsonl(split.gain, data_dir / "gain.jsonl")
+        self.gain_set = evaluate.load_questions(self.gain_file) if split.gain else []
         return split
 
     def start(self) -> Supervisor:
@@ -186,21 +199,31 @@ class Demo:
         c = self.config
         version = policy.weight_version().version
         info = policy.info()
-        summaries: list[evaluate.EvalSummary] = []
-        records: list[dict[str, Any]] = []
+        # Every mode on the held-out questions; after SFT and after RL, the mode RL trains on the more held-out ones.
+        sets: list[tuple[list[evaluate.Question], Sequence[str]]] = [(self.eval_set, EVAL_MODES)]
+        if stage in GAIN_STAGES and self.gain_set:
+            sets.append((self.gain_set, (c.ppo.mode,)))
+        found: list[tuple[list[evaluate.EvalSummary], list[dict[str, Any]]]] = []
         every: list[common_pb2.Rollout] = []
         start = time.perf_counter()
-        with tqdm(total=len(EVAL_MODES) * len(self.eval_set), desc=f"evaluate {stage}", unit=" q") as bar:
-            by_mode = evaluate.run_questions(
-                lambda tasks: policy.rollout(tasks), self.eval_set, EVAL_MODES, batch_size=c.eval.batch_size,
-                run=stage, progress=bar.update,
-            )
-            for mode, (rollouts, seconds) in by_mode.items():
-                summaries += evaluate.summarise_sources(mode, rollouts, seconds)
-                records += [{"stage": stage, **evaluate.rollout_record(r)} for r in rollouts]
-                every += rollouts
+        total = sum(len(questions) * len(modes) for questions, modes in sets)
+        with tqdm(total=total, desc=f"evaluate {stage}", unit=" q") as bar:
+            for questions, modes in sets:
+                summaries: list[evaluate.EvalSummary] = []
+                records: list[dict[str, Any]] = []
+                by_mode = evaluate.run_questions(
+                    lambda tasks: policy.rollout(tasks), questions, modes, batch_size=c.eval.batch_size,
+                    run=stage, progress=bar.update,
+                )
+                for mode, (rollouts, seconds) in by_mode.items():
+                    summaries += evaluate.summarise_sources(mode, rollouts, seconds)
+                    records += [{"stage": stage, **evaluate.rollout_record(r)} for r in rollouts]
+                    every += rollouts
+                found.append((summaries, records))
+        (summaries, records), *more = found
+        gain_summaries, gain_records = more[0] if more else ([], [])
         result = StageResult(stage, version, summaries, records, time.perf_counter() - start,
-                             evaluate.provenance(info, every))
+                             evaluate.provenance(info, every), gain_summaries, gain_records)
         print(f"{stage}: {evaluate.provenance_line(result.provenance)}", flush=True)
         self.stages.append(result)
         return result
@@ -371,14 +394,29 @@ class Demo:
                 continue
             for source in [*self.config.sources, "all"]:
                 for mode in EVAL_MODES:
-                    def scores(stage: str, key: str, source: str = source, mode: str = mode) -> list[float]:
-                        rows = [r for r in by_stage[stage].records if source in ("all", r["data_source"])
-                                and r["mode"] == mode]
-                        return [float(r[key]) for r in sorted(rows, key=lambda r: (r["data_source"], r["question"]))]
-                    em = stats.paired_difference(scores(later, "exact_match"), scores(earlier, "exact_match"))
-                    f1 = stats.paired_difference(scores(later, "f1"), scores(earlier, "f1"))
+                    em, f1 = (stats.paired_difference(paired_scores(by_stage[later].records, key, source, mode),
+                                                      paired_scores(by_stage[earlier].records, key, source, mode))
+                              for key in ("exact_match", "f1"))
                     out.append({"from": earlier, "to": later, "source": source, "mode": mode,
                                 "exact_match": dataclasses.asdict(em), "f1": dataclasses.asdict(f1)})
+        return out
+
+    def held_out_gain(self) -> dict[str, Any] | None:
+        """SFT -> RL in the mode RL trains on the more held-out questions (``gain_questions``), the sources
+        pooled; None without them, or where the two stages must not be paired (``refused_gains`` says why)."""
+        by_stage = {s.stage: s for s in self.stages}
+        before, after = (by_stage.get(stage) for stage in GAIN_STAGES)
+        if before is None or after is None or not before.gain_records or not after.gain_records:
+            return None
+        if evaluate.incomparable(before.provenance, after.provenance):
+            return None
+        out: dict[str, Any] = {"from": before.stage, "to": after.stage, "mode": self.config.ppo.mode,
+                               "questions": len(before.gain_records)}
+        for key in ("exact_match", "f1"):
+            was, now = paired_scores(before.gain_records, key), paired_scores(after.gain_records, key)
+            out[key] = {before.stage: dataclasses.asdict(stats.bootstrap(was)),
+                        after.stage: dataclasses.asdict(stats.bootstrap(now)),
+                        "gain": dataclasses.asdict(stats.paired_difference(now, was))}
         return out
 
     def table(self, baselines: list[dict[str, Any]]) -> str:
@@ -390,6 +428,8 @@ class Demo:
                          "-", "-", "-", "-"])
         for stage in self.stages:
             rows += [[stage.stage, *s.row()] for s in stage.summaries]
+        for stage in self.stages:
+            rows += [[f"{stage.stage} (more)", *s.row()] for s in stage.gain_summaries]
         return evaluate.format_table(rows, header)
 
     def rounds_line(self) -> str:
@@ -416,7 +456,7 @@ class Demo:
         sft_steps = StepLog(self.directory / "sft" / "sft_steps.jsonl").read()
         rl_steps = StepLog(self.rl_dir / "steps.jsonl").read()
         baselines = self.baselines()
-        gains, refused = self.gains(), self.refused_gains()
+        gains, refused, held_out = self.gains(), self.refused_gains(), self.held_out_gain()
         plots = {
             "training": str(report.plot_training(sft_steps, rl_steps, self.directory / "training.png")),
             "latency": str(report.plot_latencies(latencies, self.directory / "latency.png")),
@@ -426,15 +466,18 @@ class Demo:
             "wall_seconds": wall_seconds,
             "phase_seconds": self.phases,
             "questions": {"eval": len(self.eval_set), "eval_file": str(self.eval_file),
-                          "train_file": str(self.train_file), "rl_file": str(self.rl_file)},
+                          "train_file": str(self.train_file), "rl_file": str(self.rl_file),
+                          "gain": len(self.gain_set), "gain_file": str(self.gain_file)},
             # What the final numbers depend on; each stage's own (its checkpoint above all) is in "stages".
             "provenance": self.stages[-1].provenance,
             "stages": [{"stage": s.stage, "policy_version": s.policy_version, "seconds": s.seconds,
-                        "provenance": s.provenance, "summaries": [dataclasses.asdict(x) for x in s.summaries]}
+                        "provenance": s.provenance, "summaries": [dataclasses.asdict(x) for x in s.summaries],
+                        "gain_summaries": [dataclasses.asdict(x) for x in s.gain_summaries]}
                        for s in self.stages],
             "baselines": baselines,
             "gains": gains,
             "gains_refused": refused,
+            "held_out_gain": held_out,
             "policy_version": self.stages[-1].policy_version,
             "sft_checkpoint": str(sft_checkpoint),
             "sft_steps": sft_steps,
@@ -442,6 +485,7 @@ class Demo:
             "latency": latencies,
             "plots": plots,
             "rollouts": {s.stage: s.records for s in self.stages},
+            "gain_rollouts": {s.stage: s.gain_records for s in self.stages if s.gain_records},
         }
         path = self.directory / "report.json"
         path.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -474,10 +518,25 @@ class Demo:
             if g["mode"] != "none":
                 print(f"  {g['from']:>4} -> {g['to']:<3} {g['source']:<9} {g['mode']:<6} "
                       f"EM {stats.Estimate(**g['exact_match'])}  F1 {stats.Estimate(**g['f1'])}", flush=True)
+        if held_out is not None:
+            em, f1 = held_out["exact_match"], held_out["f1"]
+            was, now = stats.Estimate(**em[held_out["from"]]), stats.Estimate(**em[held_out["to"]])
+            print(f"\n{held_out['from']} -> {held_out['to']} in {held_out['mode']} mode (the mode RL trains) on "
+                  f"{held_out['questions']} more held-out questions ({', '.join(self.config.sources)} pooled; 'more' "
+                  f"rows above): EM {was} -> {now}, gain {stats.Estimate(**em['gain'])}; "
+                  f"F1 gain {stats.Estimate(**f1['gain'])}", flush=True)
         print(f"\nreport {path}\nplots  {plots['training']}\n       {plots['latency']}", flush=True)
         print(f"done in {wall_seconds / 60:.1f} min ({', '.join(f'{k} {v / 60:.1f}' for k, v in self.phases.items())})",
               flush=True)
         return result
+
+
+def paired_scores(records: Sequence[dict[str, Any]], key: str, source: str = "all", mode: str | None = None
+                  ) -> list[float]:
+    """``key`` of the records of ``source`` ("all": every one) in ``mode`` (None: any), ordered by source and
+    question, as every stage's are: the scores a paired gain compares question by question."""
+    rows = [r for r in records if source in ("all", r["data_source"]) and mode in (None, r["mode"])]
+    return [float(r[key]) for r in sorted(rows, key=lambda r: (r["data_source"], r["question"]))]
 
 
 def chosen(config: Any, set_by_demo: Sequence[str]) -> dict[str, Any]:

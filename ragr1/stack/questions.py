@@ -29,10 +29,14 @@ class Split:
     # RL prompts: questions neither SFT nor evaluation saw, the sources taking turns, so that every
     # update's few prompts mix them (the trainer takes prompts in file order).
     rl: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # More held-out questions, after RL's, for one comparison: SFT -> RL in the mode RL trains. Every mode's
+    # evaluation after every stage can afford few questions; one mode after two stages can afford more.
+    gain: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def passage_ids(self) -> set[str]:
         """Every paragraph of every question (gold and distractors): the demo's index slice."""
-        return {p["pid"] for r in (*self.eval, *self.train, *self.rl) for p in r["paragraphs"] if p.get("pid")}
+        return {p["pid"] for r in (*self.eval, *self.train, *self.rl, *self.gain) for p in r["paragraphs"]
+                if p.get("pid")}
 
 
 # Question types a constant answers too often to be a reward worth learning: a policy paid for PopQA's
@@ -53,9 +57,10 @@ def _usable(source: str, allowed: set[str] | None) -> Iterator[dict[str, Any]]:
 
 def split_questions(eval_per_source: int, train_per_source: int, allowed: set[str] | None = None,
                     sources: Sequence[str] = SOURCES, rl_per_source: int = 0,
-                    rl_sources: Sequence[str] | None = None) -> Split:
+                    rl_sources: Sequence[str] | None = None, gain_per_source: int = 0) -> Split:
     """The first usable questions of each training file go to evaluation, the next to training (SFT), the
-    next to RL. ``rl_sources`` (default: ``sources``) may name other files for RL, as RAG-R1 mixes NQ's
+    next to RL, the next (``gain_per_source`` of each of ``sources``) to the more held-out questions of
+    ``Split.gain``. ``rl_sources`` (default: ``sources``) may name other files for RL, as RAG-R1 mixes NQ's
     single-hop questions into its RL set; a file in both gives RL the questions after SFT's.
     """
     split = Split([], [])
@@ -64,15 +69,17 @@ def split_questions(eval_per_source: int, train_per_source: int, allowed: set[st
     for source in dict.fromkeys([*sources, *rl_sources]):
         first = eval_per_source + train_per_source if source in sources else 0
         rl = rl_per_source if source in rl_sources else 0
-        kept = list(itertools.islice(_usable(source, allowed), first + rl))
-        if len(kept) < first + rl:
+        gain = gain_per_source if source in sources else 0
+        kept = list(itertools.islice(_usable(source, allowed), first + rl + gain))
+        if len(kept) < first + rl + gain:
             raise ValueError(f"{source}: only {len(kept)} usable questions (no yes/no, passages in the index); "
-                             f"asked for {first} (evaluation and SFT) + {rl} (RL)")
+                             f"asked for {first} (evaluation and SFT) + {rl} (RL) + {gain} (more held-out)")
         if first:
             split.eval += kept[:eval_per_source]
             split.train += kept[eval_per_source:first]
         if rl:
-            rl_by_source.append(kept[first:])
+            rl_by_source.append(kept[first:first + rl])
+        split.gain += kept[first + rl:]
     split.rl = [r for turn in zip(*rl_by_source, strict=True) for r in turn]
     return split
 

@@ -52,10 +52,18 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert isinstance(step["reward_total"], float) and isinstance(step["kl"], float)
     assert 0.0 <= step["signal_f1"] <= 1.0  # the share of GRPO groups the reward can teach from
     # RL prompts are questions neither SFT nor evaluation saw.
-    files = {name: Path(report["questions"][f"{name}_file"]) for name in ("eval", "train", "rl")}
+    files = {name: Path(report["questions"][f"{name}_file"]) for name in ("eval", "train", "rl", "gain")}
     ids = {name: {json.loads(line)["id"] for line in path.read_text().splitlines()} for name, path in files.items()}
     assert ids["rl"] and not ids["rl"] & (ids["train"] | ids["eval"])
     sources = report["config"]["sources"]
+    # The more held-out questions (the quick preset's one a source): no stage saw them; SFT and RL answered
+    # them in the mode RL trains, and their gain is paired question by question.
+    assert len(ids["gain"]) == len(sources) and not ids["gain"] & (ids["rl"] | ids["train"] | ids["eval"])
+    held_out = report["held_out_gain"]
+    assert (held_out["from"], held_out["to"], held_out["questions"]) == ("sft", "rl", len(sources))
+    assert held_out["exact_match"]["gain"]["n"] == len(sources)
+    assert {stage: {r["mode"] for r in records} for stage, records in report["gain_rollouts"].items()} == {
+        "sft": {held_out["mode"]}, "rl": {held_out["mode"]}}
     for stage in report["stages"]:
         rows = stage["summaries"]
         # Every source on its own, in every mode, with an interval around each mean.
@@ -79,7 +87,7 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     for plot in report["plots"].values():
         assert Path(plot).stat().st_size > 1000
     for heading in ("held-out questions", "RL training batches (f1 reward), per update",
-                    "GRPO groups whose samples differ", "paired gains"):
+                    "GRPO groups whose samples differ", "paired gains", "more held-out questions"):
         assert heading in result.stdout, result.stdout[-3000:]
 
     ports = [int(s["grpc"].rsplit(":", 1)[1]) for s in endpoints["services"].values()]

@@ -91,6 +91,7 @@ def sample(
             common_pb2.Rollout(
                 id=f"{tag}-{i}",
                 task_id=f"{tag}-{i}",
+                group_id=tag,
                 prompt_token_ids=prompt,
                 response_token_ids=g.token_ids,
                 loss_mask=[1] * len(g.token_ids),
@@ -154,9 +155,14 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
 ) -> None:
     vllm, loop = engine
     model_dir = prepare_policy_model()
-    # The shipped defaults (LoRA r16, bf16 autocast where native, KL in the reward, alarm threshold), small batches,
-    # no activation checkpointing (it trades compute for memory; the same numbers: tests/trainer/test_model.py).
-    config = PPOConfig(batch_size=4, mini_batch_size=2, max_updates=3, gradient_checkpointing=False)
+    # The shipped LoRA r16, bf16 autocast where native and alarm threshold, small batches. The alarm compares the
+    # actor's log-probs with the engine's, so GRPO (the four rollouts one group) without the KL reference: a critic
+    # and a reference would add 4 passes to the actor's 5 and change nothing it reads. No activation
+    # checkpointing (it trades compute for memory; the same numbers: tests/trainer/test_model.py).
+    config = PPOConfig(
+        batch_size=4, mini_batch_size=2, max_updates=3, gradient_checkpointing=False, advantage="grpo",
+        samples_per_prompt=4, kl_coef=0.0,
+    )
     updater = PPOUpdater.build(config, model_dir)
     # The loop's own copy: each train() below moves its max_updates on by one, the updater's stays.
     ppo = PPOLoop(

@@ -65,6 +65,24 @@ def test_split_keeps_evaluation_questions_out_of_training() -> None:
         split_questions(3, 5, allowed=set())
 
 
+def test_the_more_held_out_questions_come_after_rl_s_and_leave_the_rest_of_the_split_as_it_was() -> None:
+    without = split_questions(3, 5, rl_per_source=2, rl_sources=["popqa", "hotpotqa"])
+    split = split_questions(3, 5, rl_per_source=2, rl_sources=["popqa", "hotpotqa"], gain_per_source=4)
+    for part in ("eval", "train", "rl"):
+        assert [r["id"] for r in getattr(split, part)] == [r["id"] for r in getattr(without, part)], part
+    # From the evaluated sources only, each source's next questions after the ones RL takes from it.
+    assert [r["dataset"] for r in split.gain] == ["hotpotqa"] * 4 + ["musique"] * 4
+    longer = split_questions(3, 5, rl_per_source=2 + 4, rl_sources=["popqa", "hotpotqa"])
+    hotpot_after_rl = [r["id"] for r in longer.rl if r["dataset"] == "hotpotqa"][2:]
+    assert [r["id"] for r in split.gain if r["dataset"] == "hotpotqa"] == hotpot_after_rl
+    seen = {r["id"] for r in split.eval + split.train + split.rl}
+    assert len({r["id"] for r in split.gain}) == 8 and not {r["id"] for r in split.gain} & seen
+    assert {p["pid"] for r in split.gain for p in r["paragraphs"]} <= split.passage_ids()
+    with pytest.raises(ValueError, match=r"\+ 4 \(more held-out\)"):
+        split_questions(3, 5, allowed={p["pid"] for r in split.eval + split.train for p in r["paragraphs"]},
+                        gain_per_source=4)
+
+
 def test_rl_may_draw_on_other_sources_without_constant_prone_questions() -> None:
     split = split_questions(3, 5, rl_per_source=4, rl_sources=["popqa", "hotpotqa"])
     assert [r["dataset"] for r in split.eval] == ["hotpotqa"] * 3 + ["musique"] * 3  # evaluation unchanged

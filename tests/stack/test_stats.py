@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -76,3 +77,34 @@ def test_the_demo_pools_paired_gains_over_its_sources(tmp_path: Path) -> None:
     assert single["hotpotqa"]["exact_match"]["mean"] == 1.0 and single["musique"]["exact_match"]["mean"] == 0.0
     pooled = single["all"]["exact_match"]
     assert pooled["n"] == 4 and pooled["mean"] == 0.5  # paired question by question across both sources
+
+
+def test_the_demo_pairs_sft_and_rl_on_the_more_held_out_questions_alone(tmp_path: Path) -> None:
+    demo = Demo(DemoConfig(run_dir=str(tmp_path), sources=["hotpotqa", "musique"]))
+
+    def records(scores: list[float], mode: str = "multi") -> list[dict[str, object]]:
+        return [{"data_source": ("hotpotqa", "musique")[i % 2], "mode": mode, "question": f"q{i}",
+                 "exact_match": score, "f1": score} for i, score in enumerate(scores)]
+
+    def stage(name: str, every_mode: float, more: list[float]) -> StageResult:
+        # The more held-out records listed in reverse: a stage's records need not come in one order.
+        return StageResult(name, 1, [], records([every_mode] * 2, "single"), 0.0, SAME_INDEX,
+                           gain_records=records(more)[::-1])
+
+    demo.stages = [stage("base", 0.0, []), stage("sft", 0.0, [0, 0, 1, 0, 1, 0]), stage("rl", 1.0, [1, 0, 1, 1, 1, 0])]
+    held_out = demo.held_out_gain()
+    assert held_out is not None
+    assert (held_out["from"], held_out["to"], held_out["mode"], held_out["questions"]) == ("sft", "rl", "multi", 6)
+    em = held_out["exact_match"]
+    assert (em["sft"]["mean"], em["rl"]["mean"]) == (pytest.approx(2 / 6), pytest.approx(4 / 6))
+    # Paired question by question, every difference is 0 or 1, so no resample's mean is below 0 (misaligned,
+    # some would be -1).
+    assert em["gain"]["n"] == 6 and em["gain"]["mean"] == pytest.approx(2 / 6) and em["gain"]["low"] >= 0
+    # The every-mode gains never count the more held-out questions.
+    assert max(g["exact_match"]["n"] for g in demo.gains()) == 2
+    # None where SFT and RL were evaluated under different retrievers, or without the more held-out questions.
+    other = {**SAME_INDEX, "retriever": {**SAME_INDEX["retriever"], "top_k": 5}}
+    demo.stages[2] = dataclasses.replace(demo.stages[2], provenance=other)
+    assert demo.held_out_gain() is None
+    demo.stages[1:] = [stage("sft", 0.0, []), stage("rl", 1.0, [])]
+    assert demo.held_out_gain() is None

@@ -63,8 +63,10 @@ def test_group_relative_ppo_raises_the_reward_of_a_small_pretrained_model() -> N
 
     def prompt(word: str) -> list[int]:
         content = f"The secret word is {word}. Reply with the secret word inside <answer> and </answer>."
+        # An empty system message: without one the chat template adds SmolLM's own, 16 of the prompt's 50 tokens,
+        # which every sampling and update pass would carry for nothing the test measures.
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}],
+            [{"role": "system", "content": ""}, {"role": "user", "content": content}],
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,
