@@ -20,7 +20,6 @@ own choices); flags override them.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import subprocess
@@ -45,6 +44,14 @@ from ragr1.services.trainer.config import PPOConfig, SFTConfig
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import evaluate, report, stats, wiring
 from ragr1.stack.config import EvalSettings, StackConfig
+from ragr1.stack.gains import (
+    EVAL_MODES,
+    GAIN_STAGES,
+    StageResult,
+    held_out_gain,
+    refused_gains,
+    stage_gains,
+)
 from ragr1.stack.local import run_dir, start_stack
 from ragr1.stack.questions import Split, split_questions, write_jsonl
 from ragr1.stack.supervisor import ServiceSpec, StackError, Supervisor
@@ -53,10 +60,6 @@ from ragr1.v1 import common_pb2
 PRESETS = Path(__file__).resolve().parent / "presets"
 # The demo's own choices (sizes for two CPU cores, GRPO, dynamic sampling), under every other preset.
 DEFAULT_PRESET = "default"
-STAGES = ("base", "sft", "rl")
-EVAL_MODES = ("none", "single", "multi")
-# The stages evaluated on the more held-out questions (``gain_questions``), in the mode RL trains.
-GAIN_STAGES = ("sft", "rl")
 # The version the SFT weights are announced as; RL trains on from it (the base model is version 0).
 SFT_VERSION = 1
 # The rollout workers' consumer group on the prompts stream (the policy's default).
@@ -138,21 +141,6 @@ def demo_config(preset: str = DEFAULT_PRESET, **settings: Any) -> DemoConfig:
     """A demo's settings as ``ragr1 demo --preset <preset>`` makes them, ``settings`` (dotted names for a
     section's, as flags) over the preset and no environment."""
     return load(DemoConfig, file=preset_files(preset), env={}, overrides=settings)
-
-
-@dataclasses.dataclass
-class StageResult:
-    stage: str
-    policy_version: int
-    summaries: list[evaluate.EvalSummary]
-    # Per question, keyed by (source, mode): rollout records in question order (for paired gains).
-    records: list[dict[str, Any]]
-    seconds: float
-    # What the numbers depend on (``evaluate.provenance``): corpus, retriever, checkpoint, sampling, seed, code.
-    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # The more held-out questions' (``gain_questions``; GAIN_STAGES only), in the mode RL trains.
-    gain_summaries: list[evaluate.EvalSummary] = dataclasses.field(default_factory=list)
-    gain_records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class Demo:
@@ -372,53 +360,6 @@ class Demo:
                             "exact_match": dataclasses.asdict(best.exact_match), "f1": dataclasses.asdict(best.f1)})
         return out
 
-    def _pairs(self) -> Iterator[tuple[str, str, str]]:
-        """Each evaluated stage and the one evaluated before it, with why they must not be paired ("" if
-        they may: both evaluated under the same corpus and retriever)."""
-        by_stage = {s.stage: s for s in self.stages}
-        for earlier, later in itertools.pairwise(STAGES):
-            if earlier in by_stage and later in by_stage:
-                yield earlier, later, evaluate.incomparable(by_stage[earlier].provenance, by_stage[later].provenance)
-
-    def refused_gains(self) -> list[dict[str, str]]:
-        return [{"from": earlier, "to": later, "reason": f"not evaluated under the same corpus and retriever: {why}"}
-                for earlier, later, why in self._pairs() if why]
-
-    def gains(self) -> list[dict[str, Any]]:
-        """Per search mode, for every source and for all of them pooled ("all"): each stage against the one
-        before, on the same questions; never between stages evaluated under another corpus or retriever."""
-        out = []
-        by_stage = {s.stage: s for s in self.stages}
-        for earlier, later, why in self._pairs():
-            if why:
-                continue
-            for source in [*self.config.sources, "all"]:
-                for mode in EVAL_MODES:
-                    em, f1 = (stats.paired_difference(paired_scores(by_stage[later].records, key, source, mode),
-                                                      paired_scores(by_stage[earlier].records, key, source, mode))
-                              for key in ("exact_match", "f1"))
-                    out.append({"from": earlier, "to": later, "source": source, "mode": mode,
-                                "exact_match": dataclasses.asdict(em), "f1": dataclasses.asdict(f1)})
-        return out
-
-    def held_out_gain(self) -> dict[str, Any] | None:
-        """SFT -> RL in the mode RL trains on the more held-out questions (``gain_questions``), the sources
-        pooled; None without them, or where the two stages must not be paired (``refused_gains`` says why)."""
-        by_stage = {s.stage: s for s in self.stages}
-        before, after = (by_stage.get(stage) for stage in GAIN_STAGES)
-        if before is None or after is None or not before.gain_records or not after.gain_records:
-            return None
-        if evaluate.incomparable(before.provenance, after.provenance):
-            return None
-        out: dict[str, Any] = {"from": before.stage, "to": after.stage, "mode": self.config.ppo.mode,
-                               "questions": len(before.gain_records)}
-        for key in ("exact_match", "f1"):
-            was, now = paired_scores(before.gain_records, key), paired_scores(after.gain_records, key)
-            out[key] = {before.stage: dataclasses.asdict(stats.bootstrap(was)),
-                        after.stage: dataclasses.asdict(stats.bootstrap(now)),
-                        "gain": dataclasses.asdict(stats.paired_difference(now, was))}
-        return out
-
     def table(self, baselines: list[dict[str, Any]]) -> str:
         header = ["stage", *evaluate.HEADER]
         rows = []
@@ -456,7 +397,9 @@ class Demo:
         sft_steps = StepLog(self.directory / "sft" / "sft_steps.jsonl").read()
         rl_steps = StepLog(self.rl_dir / "steps.jsonl").read()
         baselines = self.baselines()
-        gains, refused, held_out = self.gains(), self.refused_gains(), self.held_out_gain()
+        gains = stage_gains(self.stages, self.config.sources)
+        refused = refused_gains(self.stages)
+        held_out = held_out_gain(self.stages, self.config.ppo.mode)
         plots = {
             "training": str(report.plot_training(sft_steps, rl_steps, self.directory / "training.png")),
             "latency": str(report.plot_latencies(latencies, self.directory / "latency.png")),
@@ -529,14 +472,6 @@ class Demo:
         print(f"done in {wall_seconds / 60:.1f} min ({', '.join(f'{k} {v / 60:.1f}' for k, v in self.phases.items())})",
               flush=True)
         return result
-
-
-def paired_scores(records: Sequence[dict[str, Any]], key: str, source: str = "all", mode: str | None = None
-                  ) -> list[float]:
-    """``key`` of the records of ``source`` ("all": every one) in ``mode`` (None: any), ordered by source and
-    question, as every stage's are: the scores a paired gain compares question by question."""
-    rows = [r for r in records if source in ("all", r["data_source"]) and mode in (None, r["mode"])]
-    return [float(r[key]) for r in sorted(rows, key=lambda r: (r["data_source"], r["question"]))]
 
 
 def chosen(config: Any, set_by_demo: Sequence[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 from ragr1.services.common.provenance import code_commit
 from ragr1.shipped import EVAL_BENCHMARKS
 from ragr1.stack import evaluate
-from ragr1.stack.demo import Demo, DemoConfig, StageResult
+from ragr1.stack.gains import StageResult, refused_gains, stage_gains
 from ragr1.stack.questions import split_questions
 from ragr1.stack.report import quantile
 from ragr1.v1 import common_pb2, policy_pb2, retriever_pb2
@@ -143,20 +143,18 @@ def test_an_evaluation_records_what_its_numbers_depend_on() -> None:
     assert "retriever encoder unknown" in evaluate.incomparable(p, evaluate.provenance(_info(encoder="")))
 
 
-def test_the_demo_pairs_only_stages_evaluated_under_the_same_corpus_and_retriever(tmp_path: Path) -> None:
-    demo = Demo(DemoConfig(run_dir=str(tmp_path / "run"), sources=["hotpotqa"]))
-
+def test_the_demo_pairs_only_stages_evaluated_under_the_same_corpus_and_retriever() -> None:
     def stage(name: str, em: float, info: policy_pb2.PolicyInfoResponse) -> StageResult:
         records = [{"data_source": "hotpotqa", "mode": "multi", "question": f"q{i}", "exact_match": em, "f1": em}
                    for i in range(4)]
         return StageResult(name, 0, [], records, 1.0, evaluate.provenance(info))
 
-    demo.stages = [stage("base", 0.0, _info()), stage("sft", 1.0, _info()), stage("rl", 1.0, _info(corpus="d" * 64))]
-    pairs = {(g["from"], g["to"]) for g in demo.gains()}
-    assert pairs == {("base", "sft")}
-    (refused,) = demo.refused_gains()
+    stages = [stage("base", 0.0, _info()), stage("sft", 1.0, _info()), stage("rl", 1.0, _info(corpus="d" * 64))]
+    paired = stage_gains(stages, ["hotpotqa"])
+    assert {(g["from"], g["to"]) for g in paired} == {("base", "sft")}
+    (refused,) = refused_gains(stages)
     assert (refused["from"], refused["to"]) == ("sft", "rl") and "corpus sha256 differs" in refused["reason"]
-    assert all(g["exact_match"]["mean"] == 1.0 for g in demo.gains() if g["mode"] == "multi")
+    assert all(g["exact_match"]["mean"] == 1.0 for g in paired if g["mode"] == "multi")
 
 
 def test_the_code_commit_is_the_checkout_s_and_unknown_elsewhere(tmp_path: Path) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from pathlib import Path
 
 import pytest
 
 from ragr1.shipped import read_jsonl, train_path
 from ragr1.stack import stats
-from ragr1.stack.demo import Demo, DemoConfig, StageResult
+from ragr1.stack.demo import DemoConfig
+from ragr1.stack.gains import StageResult, held_out_gain, stage_gains
 from ragr1.stack.questions import split_questions
 
 
@@ -61,9 +61,7 @@ SAME_INDEX = {"corpus": {"sha256": "c" * 64, "passages": 40}, "retriever": {"enc
                                                                            "top_k": 3}}
 
 
-def test_the_demo_pools_paired_gains_over_its_sources(tmp_path: Path) -> None:
-    demo = Demo(DemoConfig(run_dir=str(tmp_path), sources=["hotpotqa", "musique"]))
-
+def test_the_demo_pools_paired_gains_over_its_sources() -> None:
     def records(stage: str, hotpot: list[float], musique: list[float]) -> StageResult:
         rows = [{"data_source": source, "mode": "single", "question": f"{source} q{i}", "exact_match": score,
                  "f1": score} for source, scores in (("hotpotqa", hotpot), ("musique", musique))
@@ -72,16 +70,14 @@ def test_the_demo_pools_paired_gains_over_its_sources(tmp_path: Path) -> None:
         # evaluated under one corpus and retriever, as the demo pairs only such stages.
         return StageResult(stage, 1, [], rows[::-1], 0.0, SAME_INDEX)
 
-    demo.stages = [records("sft", [0, 0], [1, 0]), records("rl", [1, 1], [1, 0])]
-    single = {g["source"]: g for g in demo.gains() if g["mode"] == "single"}
+    stages = [records("sft", [0, 0], [1, 0]), records("rl", [1, 1], [1, 0])]
+    single = {g["source"]: g for g in stage_gains(stages, ["hotpotqa", "musique"]) if g["mode"] == "single"}
     assert single["hotpotqa"]["exact_match"]["mean"] == 1.0 and single["musique"]["exact_match"]["mean"] == 0.0
     pooled = single["all"]["exact_match"]
     assert pooled["n"] == 4 and pooled["mean"] == 0.5  # paired question by question across both sources
 
 
-def test_the_demo_pairs_sft_and_rl_on_the_more_held_out_questions_alone(tmp_path: Path) -> None:
-    demo = Demo(DemoConfig(run_dir=str(tmp_path), sources=["hotpotqa", "musique"]))
-
+def test_the_demo_pairs_sft_and_rl_on_the_more_held_out_questions_alone() -> None:
     def records(scores: list[float], mode: str = "multi") -> list[dict[str, object]]:
         return [{"data_source": ("hotpotqa", "musique")[i % 2], "mode": mode, "question": f"q{i}",
                  "exact_match": score, "f1": score} for i, score in enumerate(scores)]
@@ -91,8 +87,8 @@ def test_the_demo_pairs_sft_and_rl_on_the_more_held_out_questions_alone(tmp_path
         return StageResult(name, 1, [], records([every_mode] * 2, "single"), 0.0, SAME_INDEX,
                            gain_records=records(more)[::-1])
 
-    demo.stages = [stage("base", 0.0, []), stage("sft", 0.0, [0, 0, 1, 0, 1, 0]), stage("rl", 1.0, [1, 0, 1, 1, 1, 0])]
-    held_out = demo.held_out_gain()
+    stages = [stage("base", 0.0, []), stage("sft", 0.0, [0, 0, 1, 0, 1, 0]), stage("rl", 1.0, [1, 0, 1, 1, 1, 0])]
+    held_out = held_out_gain(stages, "multi")
     assert held_out is not None
     assert (held_out["from"], held_out["to"], held_out["mode"], held_out["questions"]) == ("sft", "rl", "multi", 6)
     em = held_out["exact_match"]
@@ -101,10 +97,8 @@ def test_the_demo_pairs_sft_and_rl_on_the_more_held_out_questions_alone(tmp_path
     # some would be -1).
     assert em["gain"]["n"] == 6 and em["gain"]["mean"] == pytest.approx(2 / 6) and em["gain"]["low"] >= 0
     # The every-mode gains never count the more held-out questions.
-    assert max(g["exact_match"]["n"] for g in demo.gains()) == 2
+    assert max(g["exact_match"]["n"] for g in stage_gains(stages, ["hotpotqa", "musique"])) == 2
     # None where SFT and RL were evaluated under different retrievers, or without the more held-out questions.
     other = {**SAME_INDEX, "retriever": {**SAME_INDEX["retriever"], "top_k": 5}}
-    demo.stages[2] = dataclasses.replace(demo.stages[2], provenance=other)
-    assert demo.held_out_gain() is None
-    demo.stages[1:] = [stage("sft", 0.0, []), stage("rl", 1.0, [])]
-    assert demo.held_out_gain() is None
+    assert held_out_gain([*stages[:2], dataclasses.replace(stages[2], provenance=other)], "multi") is None
+    assert held_out_gain([stage("sft", 0.0, []), stage("rl", 1.0, [])], "multi") is None
