@@ -157,7 +157,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     model_dir = prepare_policy_model()
     # The shipped LoRA r16, bf16 autocast where native and alarm threshold, small batches. The alarm compares the
     # actor's log-probs with the engine's, so GRPO (the four rollouts one group) without the KL reference: a critic
-    # and a reference would add 4 passes to the actor's 5 and change nothing it reads. No activation
+    # and a reference would add 5 forward-pass equivalents to the actor's 4 and change nothing it reads. No activation
     # checkpointing (it trades compute for memory; the same numbers: tests/trainer/test_model.py).
     config = PPOConfig(
         batch_size=4, mini_batch_size=2, max_updates=3, gradient_checkpointing=False, advantage="grpo",
