@@ -86,7 +86,7 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     assert rounds > 0 and report["latency"]["retriever"]["Search"]["calls"] > 0
     for plot in report["plots"].values():
         assert Path(plot).stat().st_size > 1000
-    for heading in ("held-out questions", "RL training batches (f1 reward), per update",
+    for heading in ("held-out questions", "RL training batches (em reward), per update",
                     "GRPO groups whose samples differ", "paired gains", "more held-out questions"):
         assert heading in result.stdout, result.stdout[-3000:]
 
