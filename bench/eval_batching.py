@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ragr1.model_paths import find_model
 from ragr1.services.policy.client import PolicyClient
 from ragr1.stack import evaluate
-from ragr1.stack.cli import _policy_target
-from ragr1.stack.config import EvalConfig
+from ragr1.stack.cli import policy_target
 from ragr1.stack.demo import EVAL_MODES
 from ragr1.v1 import common_pb2
 
@@ -37,15 +36,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="", help="weights to load first, as `ragr1 eval --checkpoint`")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64])
     args = parser.parse_args()
-    target = _policy_target(EvalConfig(endpoints=args.endpoints, policy=args.policy, file=[args.file]))
+    target = policy_target(args.endpoints, args.policy)
     questions = evaluate.load_questions(args.file)
     with PolicyClient(target) as policy:
         if args.checkpoint:
             version = policy.weight_version().version + 1
             policy.update_weights(version, str(find_model(args.checkpoint, "checkpoint")))
-
-        def rollout(tasks: list[common_pb2.PromptTask]) -> list[common_pb2.Rollout]:
-            return policy.rollout(tasks)
 
         layouts = [(f"each mode alone, batches of {args.batch_sizes[0]}", [[m] for m in EVAL_MODES],
                     args.batch_sizes[0])]
@@ -57,7 +53,8 @@ def main() -> None:
             start = time.perf_counter()
             got: dict[str, common_pb2.Rollout] = {}
             for modes in groups:
-                for rollouts, _ in evaluate.run_questions(rollout, questions, modes, batch_size, run="bench").values():
+                by_mode = evaluate.run_questions(policy.rollout, questions, modes, batch_size, run="bench")
+                for rollouts, _ in by_mode.values():
                     got.update((r.task_id, r) for r in rollouts)
             seconds = time.perf_counter() - start
             text = {task: evaluate.rollout_record(r)["generated"] for task, r in got.items()}

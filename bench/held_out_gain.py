@@ -23,11 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ragr1.model_paths import find_model
 from ragr1.services.policy.client import PolicyClient
 from ragr1.stack import evaluate, stats
-from ragr1.stack.cli import _policy_target
-from ragr1.stack.config import EvalConfig
+from ragr1.stack.cli import policy_target
 from ragr1.stack.gains import StageResult, held_out_gain
 from ragr1.stack.questions import split_questions, write_jsonl
-from ragr1.v1 import common_pb2
 
 
 def checkpoints(run: Path) -> tuple[Path, Path]:
@@ -45,8 +43,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=60, help="questions per source (the default preset's)")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
-    # EvalConfig wants questions to be valid: the first run's own evaluation file.
-    target = _policy_target(EvalConfig(endpoints=args.endpoints, file=[str(args.run[0] / "data" / "eval.jsonl")]))
+    target = policy_target(args.endpoints, "")
     with PolicyClient(target) as policy, tempfile.TemporaryDirectory() as tmp:
         version = policy.weight_version().version
 
@@ -55,11 +52,7 @@ def main() -> None:
             nonlocal version
             version += 1
             policy.update_weights(version, str(find_model(str(checkpoint), "checkpoint")))
-
-            def rollout(tasks: list[common_pb2.PromptTask]) -> list[common_pb2.Rollout]:
-                return policy.rollout(tasks)
-
-            by_mode = evaluate.run_questions(rollout, questions, modes, args.batch_size, run=stage)
+            by_mode = evaluate.run_questions(policy.rollout, questions, modes, args.batch_size, run=stage)
             every = [r for rollouts, _ in by_mode.values() for r in rollouts]
             records = [{"stage": stage, **evaluate.rollout_record(r)} for r in every]
             return StageResult(stage, version, [], [], 0.0, evaluate.provenance(policy.info(), every),

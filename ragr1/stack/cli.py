@@ -53,11 +53,11 @@ def _demo_preset(args: argparse.Namespace) -> None:
     args.config = preset_files(args.preset, args.config)
 
 
-def _policy_target(config: EvalConfig) -> str:
-    """The policy's address: ``--policy``, or the one in ``ragr1 up``'s endpoints.json."""
-    if not config.endpoints:
-        return config.policy
-    path = Path(config.endpoints)
+def policy_target(endpoints: str, policy: str) -> str:
+    """The policy's address: the one in ``ragr1 up``'s endpoints.json, or ``policy`` without one."""
+    if not endpoints:
+        return policy
+    path = Path(endpoints)
     try:
         return str(json.loads(path.read_text())["services"]["policy"]["grpc"])
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
@@ -72,7 +72,7 @@ def _eval(config: EvalConfig) -> int:
     from ragr1.stack import evaluate
 
     # Every input is checked before the policy is called: bad files, a checkpoint folder with no model.
-    target = _policy_target(config)
+    target = policy_target(config.endpoints, config.policy)
     sources = [*config.benchmarks, *config.file]
     modes = config.modes()
     sets = {s: evaluate.load_questions(s, config.limit) for s in sources}
