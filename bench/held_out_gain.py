@@ -6,7 +6,8 @@
 
 Each run's split is rebuilt from its report.json (its sources and question counts), so the questions are the ones
 that run's demo would evaluate. Greedy; each checkpoint in the mode RL trained (``ppo.mode``) and without
-retrieval; prints EM per stage and the paired SFT -> RL gains with 95% bootstrap intervals (``ragr1.stack.gains``).
+retrieval; prints EM per stage, the paired SFT -> RL gains with 95% bootstrap intervals (``ragr1.stack.gains``)
+and the answers with a parenthesis (``bench/demo_runs.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.demo_runs import qualified
 from ragr1.model_paths import find_model
 from ragr1.services.policy.client import PolicyClient
 from ragr1.stack import evaluate, stats
@@ -77,8 +79,9 @@ def main() -> None:
                 assert gain is not None, "SFT and RL evaluated under different corpora or retrievers"
                 em = gain["exact_match"]
                 print(f"  {wanted:>6}: EM SFT {stats.Estimate(**em['sft'])}  RL {stats.Estimate(**em['rl'])}  "
-                      f"SFT -> RL {stats.Estimate(**em['gain'])}  (F1 {stats.Estimate(**gain['f1']['gain'])})",
-                      flush=True)
+                      f"SFT -> RL {stats.Estimate(**em['gain'])}  (F1 {stats.Estimate(**gain['f1']['gain'])}); "
+                      f"answers with a parenthesis SFT {qualified(only[0].gain_records)}, "
+                      f"RL {qualified(only[1].gain_records)}", flush=True)
 
 
 if __name__ == "__main__":
