@@ -25,6 +25,10 @@ def _run(tmp_path: Path, name: str, reward: str, groups: list[tuple[int, int]], 
     run = tmp_path / name
     run.mkdir()
     (run / "report.json").write_text(json.dumps(report))
+    if answers is not None:
+        (run / "data").mkdir()
+        titles = [["Scott Fraser (orienteer)", "Moscow"], ["Paris"], ["CKY (band)"]]
+        (run / "data" / "train.jsonl").write_text("".join(json.dumps({"supporting_titles": t}) + "\n" for t in titles))
     return run
 
 
@@ -40,6 +44,7 @@ def test_shares_per_run_and_reward_and_the_qualified_answers(tmp_path: Path) -> 
                          capture_output=True, text=True, check=True).stdout
     assert "groups trained / sampled per update: 2/5 2/3 (all: 4 of 8, 50%)" in out
     assert "answers with a parenthesis: SFT 0, RL 2 of 3" in out
+    assert "SFT questions searching a disambiguated title: 2 of 3" in out
     assert "gain -0.050 [-0.10, 0.00]" in out
     assert "f1: 5 of 16 groups sampled differed (31%)" in out
     assert "em: 2 of 10 groups sampled differed (20%)" in out
