@@ -22,7 +22,7 @@ import struct
 import subprocess
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,10 +201,6 @@ def report(rc: int, wall: float, busy: float, tests: list[Timing], processes: li
     print("\nthe largest process trees (cpu-s, the command of its first process, the test that started it):")
     for cpu, command, nodeid in trees[:top]:
         print(f"{cpu:7.1f} {command:16s} {nodeid}")
-    commands: Counter[str] = Counter()
-    for process in processes:
-        commands[process.command] += 1
-    print("\nthe commonest commands: " + ", ".join(f"{c} {n}" for c, n in commands.most_common(8)))
 
 
 def main() -> None:
