@@ -34,7 +34,8 @@ from tests.policy.test_worker import worker_settings
 pytestmark = pytest.mark.slow
 
 T = TypeVar("T")
-LOOP = LoopConfig(max_turns=2, max_model_len=2048, tokens_per_query=128)
+# Passages enough for the layout; the budget itself is test_agent's.
+LOOP = LoopConfig(max_turns=2, max_model_len=2048, tokens_per_query=64)
 SEEDED = Sampling(temperature=1.0, top_p=1.0, max_tokens_per_turn=32, seed=11)
 GREEDY = Sampling(temperature=0.0, top_p=1.0, max_tokens_per_turn=32)
 

