@@ -76,22 +76,22 @@ def test_group_relative_ppo_raises_the_reward_of_a_small_pretrained_model() -> N
 
     rng = random.Random(0)
     rewards = []
-    for update in range(UPDATES + 1):
+    for sampling in range(UPDATES + 1):
         words = [w for w in rng.sample(WORDS, PROMPTS_PER_UPDATE) for _ in range(SAMPLES_PER_PROMPT)]
-        results = sample(model, [prompt(w) for w in words], max_new_tokens=10, seed=update)
+        results = sample(model, [prompt(w) for w in words], max_new_tokens=10, seed=sampling)
         batch = []
         for i, ((sequence, logprobs, text), word) in enumerate(zip(results, words, strict=True)):
             batch.append(
                 Sample(
-                    f"{update}-{i}",
+                    f"{sampling}-{i}",
                     sequence,
                     answer_reward(text, [word]),
-                    group_id=f"{update}-{i // SAMPLES_PER_PROMPT}",
+                    group_id=f"{sampling}-{i // SAMPLES_PER_PROMPT}",
                     behaviour_logprobs=logprobs,
                 )
             )
         rewards.append(sum(x.score for x in batch) / len(batch))
-        if update < UPDATES:
+        if sampling < UPDATES:
             updater.update(batch)
     print("mean reward per sampling:", [round(r, 3) for r in rewards])
     start, end = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
