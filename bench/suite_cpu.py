@@ -154,11 +154,13 @@ def _busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def _accounting(path: str | None) -> None:
+def set_accounting(path: Path | None) -> None:
+    """The kernel's process accounting on, into ``path``, or off (None); OSError where it refuses (not root)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.acct(path.encode() if path else None) != 0:
+    if libc.acct(str(path).encode() if path else None) != 0:
         error = ctypes.get_errno()
-        raise SystemExit(f"acct({path!r}): {os.strerror(error)} (process accounting needs root)")
+        where = str(path) if path else None
+        raise OSError(error, f"acct({where!r}): {os.strerror(error)} (process accounting needs root)")
 
 
 def measure(checkout: Path, workdir: Path) -> tuple[int, float, float, list[Timing], list[Process]]:
@@ -172,13 +174,13 @@ def measure(checkout: Path, workdir: Path) -> tuple[int, float, float, list[Timi
         # The checkout's own copy of this module (its pytest `pythonpath` has the root on it).
         "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} -p bench.suite_cpu".strip(),
     }
-    _accounting(str(accounting))
+    set_accounting(accounting)
     try:
         ticks, start = _busy_ticks(), time.perf_counter()
         rc = subprocess.run(["make", "test"], cwd=checkout, env=environment, check=False).returncode
         wall, busy = time.perf_counter() - start, (_busy_ticks() - ticks) / os.sysconf("SC_CLK_TCK")
     finally:
-        _accounting(None)
+        set_accounting(None)
     return rc, wall, busy, read_tests(tests.read_text()), read_accounting(accounting.read_bytes())
 
 
@@ -209,7 +211,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="modules and process trees listed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="suite-cpu-") as workdir:
-        rc, wall, busy, tests, processes = measure(args.dir.resolve(), Path(workdir))
+        try:
+            rc, wall, busy, tests, processes = measure(args.dir.resolve(), Path(workdir))
+        except OSError as error:
+            raise SystemExit(error.strerror) from error
     report(rc, wall, busy, tests, processes, args.top)
     raise SystemExit(rc)
 

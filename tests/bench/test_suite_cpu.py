@@ -4,7 +4,6 @@ plugin's line a test."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 import subprocess
@@ -13,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.suite_cpu import LOG_ENV, Process, Timing, attribute, comp_t, read_accounting, read_tests, report
+from bench.suite_cpu import (
+    LOG_ENV,
+    Process,
+    Timing,
+    attribute,
+    comp_t,
+    read_accounting,
+    read_tests,
+    report,
+    set_accounting,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,11 +94,12 @@ def test_the_plugin_writes_a_line_for_each_test_where_it_runs(tmp_path: Path) ->
 def test_the_kernel_records_a_childs_parent_and_cpu(tmp_path: Path) -> None:
     if os.environ.get(LOG_ENV):
         pytest.skip("bench/suite_cpu.py's own accounting is on; turning it on here would take its records")
-    libc = ctypes.CDLL(None, use_errno=True)
     accounting = tmp_path / "acct"
     accounting.touch()
-    if libc.acct(str(accounting).encode()) != 0:
-        pytest.skip(f"process accounting: {os.strerror(ctypes.get_errno())} (it needs root)")
+    try:
+        set_accounting(accounting)
+    except OSError as error:
+        pytest.skip(str(error.strerror))
     try:
         child = subprocess.run(
             [sys.executable, "-c", "import os, time\nend = time.process_time() + 0.3\n"
@@ -97,7 +107,7 @@ def test_the_kernel_records_a_childs_parent_and_cpu(tmp_path: Path) -> None:
             capture_output=True, text=True, check=True,
         )
     finally:
-        libc.acct(None)
+        set_accounting(None)
     pid = int(child.stdout)
     (record,) = [p for p in read_accounting(accounting.read_bytes()) if p.pid == pid]
     assert record.ppid == os.getpid() and record.command.startswith("python")
