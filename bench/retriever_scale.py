@@ -1,33 +1,36 @@
 """The retriever at an index size users run: millions of vectors in memory-mapped shards, real processes.
 
-    PYTHONPATH=. python bench/retriever_scale.py [--rows 4000000] [--types flat,ivfpq] [--shards 1,2,4,8]
-        [--concurrency 32,256] [--seconds 20] [--rounds 12] [--work DIR]
+    PYTHONPATH=. python bench/retriever_scale.py [--rows 1000000,3000000] [--types flat,ivfpq] [--shards 2]
+        [--encoders real,precomputed] [--concurrency 32,256] [--seconds 8] [--rounds 12] [--work DIR]
 
 On the shipped 16,917 passages a shard's scan costs nothing and the query encoder is all a call costs.
-Users search Wikipedia (21M passages). This bench builds a synthetic index of ``--rows`` random unit vectors
-in the shipped encoder's dimension (384), with one planted nearest neighbour for every shipped question (the
-question's own embedding moved to cosine 0.9; random rows reach about 0.3 against it, so the exact index must
-rank the planted row first), as one FAISS file per index type: ``flat``, exact inner product as in the
-papers, and ``ivfpq`` (the build's 64-byte codes; ``--ivf-lists`` lists of which ``--ivf-probes`` are
-searched, the build's default share of 64 in 4,096), what users without the memory run. Each is split into
-shards by ``ragr1 index import``'s code and served by real shard and router processes over gRPC (one FAISS
-search thread per shard, the shards' default; files memory-mapped).
+Users search Wikipedia (21M passages). This bench builds, for each ``--rows``, a synthetic index of random unit
+vectors in the shipped encoder's dimension (384), with one planted nearest neighbour for every shipped question
+(the question's own embedding moved to cosine 0.9; random rows reach about 0.3 against it, so the exact index
+must rank the planted row first), as one FAISS file per index type: ``flat``, exact inner product as in the
+papers, and ``ivfpq`` (the build's 64-byte codes; ``--ivf-lists`` lists of which ``--ivf-probes`` are searched,
+the build's default share of 64 in 4,096), what users without the memory run. Each is split into shards by
+``ragr1 index import``'s code and served by real shard and router processes over gRPC (one FAISS search thread
+per shard, the shards' default; files memory-mapped).
 
-1. the scan in-process: one search of 1 to 96 query rows over the whole flat file on one thread, FAISS's
-   own threshold for its matrix-product path against the shard's (``--blas-rows-per-thread``), the rates
-   behind them, and from those a stated linear model of the wiki-18 sizes (extrapolated, not measured);
-2. served, for each index type and shard count, twice: with the router's real encoder (the shipped
-   all-MiniLM-L6-v2, onnx-int8) and with the same router given the questions' embeddings precomputed
-   (``LookupEncoder``: no model runs), so that the encoder's cost is separated from the scan's:
+1. the scan in-process, on the largest flat file: one search of 1 to 32 query rows on one thread by each of the
+   three ways a flat shard can score a batch: FAISS's pass over the vectors per row (its own path below its
+   matrix-product threshold), one matrix product (BLAS), and the shard's one pass for all rows
+   (``scan.FlatScan``); the rates behind them, and from those a stated linear model of the wiki-18 sizes
+   (extrapolated, not measured);
+2. served, for each size, index type and shard count, with the router's real encoder (the shipped
+   all-MiniLM-L6-v2, onnx-int8) and, with ``--encoders``, the same router given the questions' embeddings
+   precomputed (``LookupEncoder``: no model runs), so that the encoder's cost is separated from the scan's:
    - answers checked: the share of queries whose first hit is the unsharded index's (the planted row in the
-     exact index; the source file's own first hit in an IVF one);
-   - 1 client: median latency of 1-question and 3-question calls, interleaved, and their ratio;
+     exact index; the source file's own first hit in an IVF one), and recall@10 of the planted neighbours (the
+     share whose planted row is among the 10 hits: 1 for an exact index);
+   - 1 client: median latency of 1-, 2- and 3-question calls, interleaved, and their ratio to the 1-question call;
    - ``--concurrency`` callers calling with 3 questions back to back for ``--seconds``: calls/s, p50/p99,
      errors, the router's time per call (embed, fan-out, merge) and the CPU milliseconds per call of the
      router and of all shards together (their ``process_cpu_seconds_total``);
-   and for the flat index on the first shard count, the same load with FAISS's own threshold
-   (``--blas-rows-per-thread 0``: the shard before that setting). Ratios are against the first shard count
-   with the real encoder, in the same run.
+   and for each flat layout the baseline in the same run: the same shards as they searched before the one-pass
+   scan (``--no-blocked-scan --blas-rows-per-thread 4``: a pass per row under 4 rows), real encoder, 1 client
+   and the first concurrency. Ratios are against that baseline.
 
 Nothing is simulated: the vectors are synthetic; the processes, sockets, files and encoder are real. The
 machine's available memory and load are printed with each layout: a layout larger than the page cache can
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -59,9 +63,9 @@ from bench.retriever_throughput import (
     Cluster,
     Load,
     QueryFeed,
+    interleaved,
     load_retriever,
     metric,
-    one_vs_three,
     router_process,
     shard_processes,
     stage_means,
@@ -70,13 +74,13 @@ from bench.retriever_throughput import (
 from ragr1.protocol.information import Passage
 from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever import plan
-from ragr1.services.retriever.client import AsyncRetrieverClient
-from ragr1.services.retriever.config import ShardConfig
+from ragr1.services.retriever.client import AsyncRetrieverClient, RetrieverClient
 from ragr1.services.retriever.corpus import PassageStore, write_store
 from ragr1.services.retriever.encoder import DEFAULT_BACKEND, DEFAULT_ENCODER, Encoder, preset
 from ragr1.services.retriever.faiss_file import write_flat
 from ragr1.services.retriever.importer import import_index
 from ragr1.services.retriever.index import IndexSpec
+from ragr1.services.retriever.scan import FlatScan, flat_vectors
 from ragr1.shipped import all_questions
 
 SEED = 20261127
@@ -87,6 +91,11 @@ PLANTED_COSINE = 0.9
 # The router's warm-up query (server.build_router_server), which the precomputed table must hold too.
 WARM_UP = "warm-up"
 GB = 1e9
+RECALL_K = 10
+# Questions per call at 1 client: the ratio of each to the 1-question call is what multi-query search costs.
+CALL_SIZES = (1, 2, 3)
+# The flat shard as it searched before the one-pass scan: a pass over the vectors per row under 4 rows a thread.
+BEFORE_SCAN = ("--no-blocked-scan", "--blas-rows-per-thread", "4")
 
 
 # ---- the synthetic index ---------------------------------------------------------------------------------
@@ -225,59 +234,64 @@ def synthetic(rows: int, work: Path) -> tuple[Synthetic, PassageStore]:
 # ---- 1. the scan in-process --------------------------------------------------------------------------------
 
 
+SCAN_PATHS = ("pass per row", "matrix product", "one pass")
+
+
 @dataclasses.dataclass(frozen=True)
 class Scan:
     rows: int
-    faiss_ms: float | None  # None: skipped, longer than the cap
-    shard_ms: float
+    ms: dict[str, float]  # by SCAN_PATHS; a path missing was skipped (longer than the cap)
 
 
-def scan_costs(path: Path, batches: Sequence[int], rows_per_thread: int, cap_s: float) -> list[Scan]:
-    """ms of one search of each batch size over the memory-mapped flat file on one thread, FAISS's own
-    threshold against ``rows_per_thread``; best of two, interleaved (one run where longer than 2 s)."""
+def scan_costs(path: Path, batches: Sequence[int], cap_s: float) -> list[Scan]:
+    """ms of one search of each batch size over the memory-mapped flat file on one thread, by each path; best
+    of two, interleaved (one run where longer than 2 s)."""
     import faiss
 
     faiss.omp_set_num_threads(1)
     index = faiss_index.read(faiss, str(path), "flat", True)
     default = faiss.cvar.distance_compute_blas_threshold
     queries = np.ascontiguousarray(index.reconstruct_n(0, max(batches)) + 0.01, dtype=np.float32)
+    scan = FlatScan(flat_vectors(faiss, index), "ip")
 
-    def timed(threshold_rows: int, n: int) -> float:
-        if threshold_rows:
-            faiss_index.set_blas_rows(faiss, threshold_rows, index.d)
-        else:
-            faiss.cvar.distance_compute_blas_threshold = default
+    def timed(way: str, n: int) -> float:
+        faiss.cvar.distance_compute_blas_threshold = 1 if way == "matrix product" else 2**31 - 1
         started = time.perf_counter()
-        index.search(queries[:n], TOP_K)
+        if way == "one pass":
+            scan.search(queries[:n], TOP_K)
+        else:
+            index.search(queries[:n], TOP_K)
         return time.perf_counter() - started
 
-    one = timed(0, 1)  # also pages the file in
-    one = timed(0, 1)
+    timed("pass per row", 1)  # pages the file in
+    one = timed("pass per row", 1)
     out = []
     for n in batches:
         repeats = 2 if one * n < 2 else 1
-        faiss_s = [timed(0, n) for _ in range(repeats)] if one * n <= cap_s else []
-        shard_s = [timed(rows_per_thread, n) for _ in range(repeats)]
-        out.append(Scan(n, min(faiss_s) * 1000 if faiss_s else None, min(shard_s) * 1000))
+        ms: dict[str, float] = {}
+        for way in SCAN_PATHS:
+            if way != "pass per row" or one * n <= cap_s:
+                ms[way] = min(timed(way, n) for _ in range(repeats)) * 1000
+        out.append(Scan(n, ms))
     faiss.cvar.distance_compute_blas_threshold = default
+    scan.close()
     return out
 
 
-def print_scan(scans: Sequence[Scan], rows: int, dim: int, rows_per_thread: int) -> tuple[float, float]:
+def print_scan(scans: Sequence[Scan], rows: int, dim: int) -> tuple[float, float]:
     """The table, and the rates of the linear model: bytes scanned per second by one thread (one row, one
     pass) and multiply-adds per second of the matrix product (the largest batch)."""
-    print(f"   {'rows':>5} {'FAISS default ms':>16} {'shard ms':>9} {'ms/row':>8} {'speed-up':>8}")
+    print(f"   {'rows':>5} " + " ".join(f"{w + ' ms':>17}" for w in SCAN_PATHS) + f" {'one pass / 1 row':>17}")
+    one_row = scans[0].ms["pass per row"]
     for s in scans:
-        faiss_ms = f"{s.faiss_ms:16.1f}" if s.faiss_ms is not None else f"{'(skipped)':>16}"
-        gain = f"{s.faiss_ms / s.shard_ms:7.2f}x" if s.faiss_ms is not None else f"{'':>8}"
-        print(f"   {s.rows:5d} {faiss_ms} {s.shard_ms:9.1f} {s.shard_ms / s.rows:8.2f} {gain}")
-    one = scans[0]
-    bandwidth = rows * dim * 4 / (one.shard_ms / 1000)
+        cells = " ".join(f"{s.ms[w]:17.1f}" if w in s.ms else f"{'(skipped)':>17}" for w in SCAN_PATHS)
+        print(f"   {s.rows:5d} {cells} {s.ms['one pass'] / one_row:16.2f}x")
+    bandwidth = rows * dim * 4 / (one_row / 1000)
     big = scans[-1]
-    flops = 2 * rows * dim * big.rows / (big.shard_ms / 1000)
+    flops = 2 * rows * dim * big.rows / (big.ms["matrix product"] / 1000)
     print(
-        f"   one thread: one row's pass reads {bandwidth / GB:.1f} GB/s; a batch of {big.rows} runs at "
-        f"{flops / GB:.1f} GFLOP/s (blas from {rows_per_thread} rows per thread)"
+        f"   one thread: one row's pass reads {bandwidth / GB:.1f} GB/s; a matrix product of {big.rows} rows runs at "
+        f"{flops / GB:.1f} GFLOP/s"
     )
     return bandwidth, flops
 
@@ -348,13 +362,17 @@ class Point:
 
 @dataclasses.dataclass
 class Served:
+    rows: int
     kind: str
     shards: int
-    encoder: str  # "real" or "precomputed"
-    one_ms: float = 0.0
-    three_ms: float = 0.0
-    agree: float = 0.0  # share of first hits equal to the unsharded index's
+    encoder: str  # "real", "precomputed", or BEFORE (the real encoder, shards as before the one-pass scan)
+    call_ms: dict[int, float] = dataclasses.field(default_factory=dict)  # median ms at 1 client by call size
+    agree: float = float("nan")  # share of first hits equal to the unsharded index's
+    recall: float = float("nan")  # share of planted rows among the RECALL_K hits
     points: dict[int, Point] = dataclasses.field(default_factory=dict)
+
+
+BEFORE = "real, shards before the scan"
 
 
 def cpu_seconds(url: str) -> float:
@@ -372,43 +390,55 @@ def measure_load(cluster: Cluster, pool: Sequence[str], concurrency: int, second
     return Point(load, stage_means(before[0], after[0], before[1], after[1]), spent[0], sum(spent[1:]))
 
 
-def agreement(target: str, data: Synthetic, expected: Sequence[str], calls: int, concurrency: int) -> float:
-    """Share of queries whose first hit is ``expected``'s, over ``calls`` calls of 3 questions."""
+def agreement(target: str, data: Synthetic, expected: Sequence[str], calls: int,
+              concurrency: int) -> tuple[float, float]:
+    """Over ``calls`` calls of 3 questions: the share of queries whose first hit is ``expected``'s, and the share
+    whose planted row is among the ``RECALL_K`` hits."""
     order = np.random.default_rng(SEED).permutation(len(data.questions))[: calls * QUERIES_PER_CALL]
     groups = [order[i : i + QUERIES_PER_CALL] for i in range(0, len(order), QUERIES_PER_CALL)]
 
-    async def run() -> float:
+    async def run() -> tuple[float, float]:
         client = AsyncRetrieverClient(target, timeout=300)
         gate = asyncio.Semaphore(concurrency)
-        found = 0
+        first = found = 0
 
         async def one(rows: np.ndarray) -> None:
-            nonlocal found
+            nonlocal first, found
             async with gate:
-                reply = await client.search([data.questions[r] for r in rows], TOP_K)
+                reply = await client.search([data.questions[r] for r in rows], RECALL_K)
             for r, result in zip(rows, reply.results, strict=True):
-                found += bool(result.passages) and result.passages[0].id == expected[int(r)]
+                ids = [p.id for p in result.passages]
+                first += bool(ids) and ids[0] == expected[int(r)]
+                found += passage_id(int(data.planted[r])) in ids
 
         try:
             await asyncio.gather(*(one(g) for g in groups))
         finally:
             await client.close()
-        return found / len(order)
+        return first / len(order), found / len(order)
 
     return asyncio.run(run())
 
 
-def measure(
-    cluster: Cluster, served: Served, data: Synthetic, expected: Sequence[str], args: argparse.Namespace, label: str
-) -> Served:
-    served.agree = agreement(cluster.target, data, expected, args.checked_calls, 16)
-    served.one_ms, served.three_ms = one_vs_three(cluster.target, data.questions, args.rounds)
-    print(
-        f"   {label:<34} first hit as unsharded {served.agree:6.3f}; 1 client: 1 question {served.one_ms:8.1f} ms, "
-        f"3 questions {served.three_ms:8.1f} ms, ratio {served.three_ms / served.one_ms:5.2f}",
-        flush=True,
-    )
-    for c in args.levels:
+def call_sizes(target: str, pool: Sequence[str], rounds: int) -> dict[int, float]:
+    """Median ms of calls of each of ``CALL_SIZES`` questions at 1 client, interleaved."""
+    feed = itertools.cycle(pool)
+    with RetrieverClient(target, timeout=300) as client:
+        calls = [lambda n=n: client.search([next(feed) for _ in range(n)], TOP_K) for n in CALL_SIZES]
+        return dict(zip(CALL_SIZES, interleaved(calls, rounds), strict=True))
+
+
+def measure(cluster: Cluster, served: Served, data: Synthetic, expected: Sequence[str], args: argparse.Namespace,
+            levels: Sequence[int]) -> Served:
+    label = f"{served.rows / 1e6:g}M {served.kind}, {served.shards} shard(s), {served.encoder}"
+    if served.encoder != BEFORE:
+        served.agree, served.recall = agreement(cluster.target, data, expected, args.checked_calls, 16)
+    served.call_ms = call_sizes(cluster.target, data.questions, args.rounds)
+    one = served.call_ms[1]
+    ratios = ", ".join(f"{n}q {ms:7.1f} ms (x{ms / one:4.2f})" for n, ms in served.call_ms.items())
+    print(f"   {label:<52} first hit as unsharded {served.agree:5.3f}, recall@{RECALL_K} {served.recall:5.3f}; "
+          f"1 client: {ratios}", flush=True)
+    for c in levels:
         served.points[c] = point = measure_load(cluster, data.questions, c, args.seconds)
         print("   " + point_row(f"{label} c={c}", point), flush=True)
     return served
@@ -419,7 +449,7 @@ def point_row(name: str, p: Point) -> str:
     errors = f"{r.errors}" + (f" ({r.error_kinds})" if r.errors else "")
     split = " ".join(f"{p.stages.get(s, float('nan')):7.1f}" for s in ("embed", "fanout", "merge"))
     return (
-        f"{name:<40} {r.calls_per_s:7.2f} {r.p50_ms:9.1f} {r.p99_ms:9.1f} {r.calls:6d} {errors:>6}  {split}  "
+        f"{name:<58} {r.calls_per_s:7.2f} {r.p50_ms:9.1f} {r.p99_ms:9.1f} {r.calls:6d} {errors:>6}  {split}  "
         f"{p.router_cpu_ms:7.1f} {p.shards_cpu_ms:8.1f}"
     )
 
@@ -447,7 +477,7 @@ def serve_all(args: argparse.Namespace, data: Synthetic, store: PassageStore, so
     deadline = ("--timeout-s", str(args.deadline_s))
     shard_flags = ["--checksum", "off"]  # a background checksum would read the whole file while measuring
     print(
-        f"   {'':<40} {'calls/s':>7} {'p50 ms':>9} {'p99 ms':>9} {'calls':>6} {'errors':>6}  "
+        f"   {'':<58} {'calls/s':>7} {'p50 ms':>9} {'p99 ms':>9} {'calls':>6} {'errors':>6}  "
         f"{'embed':>7} {'fanout':>7} {'merge':>7}  {'router':>7} {'shards':>8}  (ms per call; CPU ms per call)"
     )
     results = []
@@ -455,57 +485,53 @@ def serve_all(args: argparse.Namespace, data: Synthetic, store: PassageStore, so
         expected = expected_first(data, kind, source)
         for n in args.shard_counts:
             with layout(source, store, n, work) as index_dir:
-                print(f"   ({kind}, {n} shard(s): memory available {available_gb():.1f} GB, "
+                print(f"   ({data.rows:,} rows, {kind}, {n} shard(s): memory available {available_gb():.1f} GB, "
                       f"load average {os.getloadavg()[0]:.1f})", flush=True)
-                with shard_processes(index_dir, work, shard_flags) as shards:
-                    for encoder, command in (("real", ()), ("precomputed", lookup)):
-                        with router_process(index_dir, work, shards, *deadline, command=command) as cluster:
-                            label = f"{kind}, {n} shard{'s' if n > 1 else ''}, {encoder}"
-                            results.append(measure(cluster, Served(kind, n, encoder), data, expected, args, label))
-                if kind != "flat" or n != args.shard_counts[0]:
-                    continue
-                # The same shards with FAISS's own threshold for its matrix product: the shard before the fix.
-                before = [*shard_flags, "--blas-rows-per-thread", "0"]
-                with shard_processes(index_dir, work, before) as shards, router_process(
-                    index_dir, work, shards, *deadline, command=lookup
-                ) as cluster:
-                    c = args.levels[0]
-                    point = measure_load(cluster, data.questions, c, args.seconds)
-                    print("   " + point_row(f"{kind}, {n} shard, precomputed, FAISS's threshold c={c}", point))
-                    results.append(Served(kind, n, "precomputed, FAISS's threshold", points={c: point}))
+                runs = [(e, shard_flags, () if e != "precomputed" else lookup, args.levels) for e in args.encoders]
+                if kind == "flat":
+                    runs.append((BEFORE, [*shard_flags, *BEFORE_SCAN], (), args.levels[:1]))
+                for encoder, flags, command, levels in runs:
+                    with shard_processes(index_dir, work, flags) as shards, router_process(
+                        index_dir, work, shards, *deadline, command=command
+                    ) as cluster:
+                        served = Served(data.rows, kind, n, encoder)
+                        results.append(measure(cluster, served, data, expected, args, levels))
     return results
 
 
 def ratios(results: Sequence[Served], levels: Sequence[int]) -> None:
-    print("\nratios (against one shard with the real encoder, same index type, same run)")
-    for kind in dict.fromkeys(r.kind for r in results):
-        base = next(r for r in results if r.kind == kind and r.encoder == "real")
-        for r in (r for r in results if r.kind == kind):
-            cells = []
-            if r.one_ms:
-                cells.append(f"3q/1q {r.three_ms / r.one_ms:5.2f}, 1q latency x{r.one_ms / base.one_ms:5.2f}")
+    print(f"\nratios (1 client: each call size against the 1-question call; against {BEFORE!r}: the same layout's "
+          "1-question call and calls/s)")
+    for r in results:
+        before = next((b for b in results if (b.rows, b.kind, b.shards, b.encoder) == (r.rows, r.kind, r.shards,
+                                                                                       BEFORE)), None)
+        one = r.call_ms[1]
+        cells = [" ".join(f"{n}q/1q {ms / one:4.2f}" for n, ms in r.call_ms.items() if n > 1)]
+        if before is not None and r is not before:
+            cells.append(f"1q x{one / before.call_ms[1]:4.2f}")
             for c in levels:
-                if c in r.points:
-                    p, b = r.points[c].load, base.points[c].load
-                    calls, p99 = p.calls_per_s / b.calls_per_s, p.p99_ms / b.p99_ms
-                    cells.append(f"c={c}: calls/s x{calls:5.2f}, p99 x{p99:5.2f}")
-            print(f"  {kind}, {r.shards} shard(s), {r.encoder:<31} " + "; ".join(cells))
+                if c in r.points and c in before.points:
+                    now, then = r.points[c].load, before.points[c].load
+                    cells.append(f"c={c}: calls/s x{now.calls_per_s / then.calls_per_s:4.2f}, "
+                                 f"p99 x{now.p99_ms / then.p99_ms:4.2f}")
+        print(f"  {r.rows / 1e6:g}M {r.kind}, {r.shards} shard(s), {r.encoder:<30} " + "; ".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=4_000_000, help="vectors in the index")
+    parser.add_argument("--rows", default="1000000,3000000", help="vectors in the index, comma-separated sizes")
     parser.add_argument("--types", default="flat,ivfpq", help="index types, comma-separated")
-    parser.add_argument("--shards", default="1,2,4,8", help="shard counts, comma-separated")
+    parser.add_argument("--shards", default="2", help="shard counts, comma-separated")
+    parser.add_argument("--encoders", default="real", help="real, precomputed, or both (comma-separated)")
     parser.add_argument("--concurrency", default="32,256", help="concurrent callers")
-    parser.add_argument("--seconds", type=float, default=20.0, help="duration of each load measurement")
-    parser.add_argument("--rounds", type=int, default=12, help="1-client rounds (a 1- and a 3-question call each)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each load measurement")
+    parser.add_argument("--rounds", type=int, default=12, help="1-client rounds (a call of each size each)")
     parser.add_argument("--checked-calls", type=int, default=64, help="calls of 3 questions whose answers are checked")
     parser.add_argument("--ivf-lists", type=int, default=1024, help="ivfpq: inverted lists")
     parser.add_argument("--ivf-probes", type=int, default=16, help="ivfpq: lists searched")
     parser.add_argument("--deadline-s", type=float, default=300.0, help="the router's deadline (--timeout-s)")
-    parser.add_argument("--scan-batches", default="1,2,3,4,8,32,96", help="in-process scan: query rows per search")
-    parser.add_argument("--scan-cap-s", type=float, default=15.0, help="in-process scan: skip longer searches")
+    parser.add_argument("--scan-batches", default="1,2,3,4,8,16,32", help="in-process scan: query rows per search")
+    parser.add_argument("--scan-cap-s", type=float, default=15.0, help="in-process scan: skip longer passes per row")
     parser.add_argument("--work", type=Path, default=None, help="keep the sources here and reuse them next time")
     if sys.argv[1:2] == ["--lookup-router"]:
         # The router's own flags follow, some named like this script's (--shards): not parsed here.
@@ -513,6 +539,10 @@ def main() -> None:
     args = parser.parse_args()
     args.levels = [int(c) for c in args.concurrency.split(",")]
     args.shard_counts = [int(s) for s in args.shards.split(",")]
+    args.encoders = args.encoders.split(",")
+    unknown = set(args.encoders) - {"real", "precomputed"}
+    if unknown:
+        parser.error(f"--encoders: unknown {sorted(unknown)}; real, precomputed")
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)
         run(args, args.work)
@@ -528,27 +558,33 @@ def run(args: argparse.Namespace, work: Path) -> None:
     # waits for the one that is not running (as the shards do by default).
     faiss.omp_set_num_threads(1)
     types = args.types.split(",")
-    rows_per_thread = ShardConfig.blas_rows_per_thread
-    print(f"{args.rows:,} rows; index types {', '.join(types)}; shards {args.shard_counts}; "
-          f"{QUERIES_PER_CALL} questions per call, top-{TOP_K}; {os.cpu_count()} CPUs; "
+    sizes = [int(r) for r in args.rows.split(",")]
+    print(f"{', '.join(f'{r:,}' for r in sizes)} rows; index types {', '.join(types)}; shards {args.shard_counts}; "
+          f"{QUERIES_PER_CALL} questions per loaded call, top-{TOP_K}; {os.cpu_count()} CPUs; "
           f"memory available {available_gb():.1f} GB; load average {os.getloadavg()[0]:.1f}")
     started = time.perf_counter()
-    data, store = synthetic(args.rows, work)
-    print(f"   {len(data.questions)} questions embedded and planted; {data.dim}-d; store of {len(store):,} passages")
-    specs = [IndexSpec(t, nlist=args.ivf_lists, nprobe=args.ivf_probes) if t != "flat" else IndexSpec(t) for t in types]
-    sources = build_sources(data, specs, work)
-    print(f"   sources ready after {time.perf_counter() - started:.0f} s\n")
-    if "flat" in sources:
-        size = args.rows * data.dim * 4
-        print(f"1. the scan in-process: one search over the whole flat file ({size / GB:.2f} GB), one thread")
-        scans = scan_costs(sources["flat"], [int(b) for b in args.scan_batches.split(",")], rows_per_thread,
-                           args.scan_cap_s)
-        drop_cache(sources["flat"])
-        bandwidth, flops = print_scan(scans, args.rows, data.dim, rows_per_thread)
-        extrapolate(bandwidth, flops)
-        print()
-    print("2. served (router + shard processes over gRPC, one search thread per shard)")
-    results = serve_all(args, data, store, sources, work)
+    results: list[Served] = []
+    for rows in sizes:
+        size_work = work / f"rows-{rows}"
+        size_work.mkdir(parents=True, exist_ok=True)
+        data, store = synthetic(rows, size_work)
+        print(f"   {len(data.questions)} questions embedded and planted; {data.dim}-d; {len(store):,} passages")
+        specs = [IndexSpec(t, nlist=args.ivf_lists, nprobe=args.ivf_probes) if t != "flat" else IndexSpec(t)
+                 for t in types]
+        sources = build_sources(data, specs, size_work)
+        print(f"   sources ready after {time.perf_counter() - started:.0f} s\n")
+        if "flat" in sources and rows == max(sizes):
+            size = rows * data.dim * 4
+            print(f"1. the scan in-process: one search over the whole flat file ({size / GB:.2f} GB), one thread")
+            scans = scan_costs(sources["flat"], [int(b) for b in args.scan_batches.split(",")], args.scan_cap_s)
+            drop_cache(sources["flat"])
+            bandwidth, flops = print_scan(scans, rows, data.dim)
+            extrapolate(bandwidth, flops)
+            print()
+        print(f"2. served, {rows:,} rows (router + shard processes over gRPC, one search thread per shard)")
+        results += serve_all(args, data, store, sources, size_work)
+        for source in sources.values():
+            drop_cache(source)
     ratios(results, args.levels)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
 

@@ -1,6 +1,6 @@
 """``ShardSearcher``: it refuses files that do not match the manifest, a memory-mapped shard answers as one read
 whole, and its FAISS settings reach the thread that searches (its thread count, and the batch size from which a
-flat search is one matrix product (BLAS) instead of one pass over the vectors per query row). Served as a process:
+flat search is one matrix product (BLAS) instead of one pass over the vectors for all its rows). Served as a process:
 test_shard_checksum.py (the background checksum) and test_services.py."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ragr1.services.retriever import index as faiss_index
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.encoder import Encoder
 from ragr1.services.retriever.manifest import LoadedManifest, ManifestMismatch
+from ragr1.services.retriever.scan import FlatScan, flat_vectors
 from ragr1.services.retriever.shard import ShardSearcher, ShardSettings
 from ragr1.services.retriever.shard_client import AsyncShardClient
 from tests.retriever.processes import start_shards
@@ -41,33 +42,40 @@ def test_search_threads_are_set_on_the_thread_that_searches(index_dirs: dict[int
         asyncio.run(searcher.aclose())
 
 
-def _reference(index_dir: Path, queries: np.ndarray, blas: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Scores and rows of FAISS's matrix-product path (``blas``) or its pass-per-row path, on one thread."""
+def _reference(index_dir: Path, queries: np.ndarray, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and rows on one thread by FAISS's matrix-product path (``blas``), its pass-per-row path (``rows``) or
+    the one-pass scan (``scan``)."""
     import faiss
 
     threads, threshold = faiss.omp_get_max_threads(), faiss.cvar.distance_compute_blas_threshold
     manifest = LoadedManifest(index_dir)
     index = faiss_index.read(faiss, str(manifest.shard_path(0)), "flat", True)
+    if path == "scan":
+        return FlatScan(flat_vectors(faiss, index), "ip").search(queries, TOP_K)
     try:
         faiss.omp_set_num_threads(1)
-        faiss.cvar.distance_compute_blas_threshold = 1 if blas else 2**31 - 1
+        faiss.cvar.distance_compute_blas_threshold = 1 if path == "blas" else 2**31 - 1
         return index.search(queries, TOP_K)
     finally:
         faiss.omp_set_num_threads(threads)
         faiss.cvar.distance_compute_blas_threshold = threshold
 
 
-def test_a_shard_scores_a_batch_of_its_blas_rows_with_one_matrix_product(
+@pytest.mark.parametrize("blocked_scan", [True, False])
+def test_a_shard_scores_a_batch_by_its_size_one_matrix_product_or_one_pass(
     index_dirs: dict[int, Path], encoder: Encoder, questions: list[str], store: PassageStore,
-    processes: list[ServiceProcess], tmp_path: Path,
+    processes: list[ServiceProcess], tmp_path: Path, blocked_scan: bool,
 ) -> None:
     index = index_dirs[1]
-    flags = ("--search-threads", "1", "--blas-rows-per-thread", str(BLAS_ROWS))
+    scan_flag = "--blocked-scan" if blocked_scan else "--no-blocked-scan"
+    flags = ("--search-threads", "1", "--blas-rows-per-thread", str(BLAS_ROWS), scan_flag)
     (target,) = start_shards(index, 1, tmp_path, processes, *flags)
     batch = encoder.encode_queries(questions[:BLAS_ROWS])
-    by_product, by_pass = _reference(index, batch, blas=True), _reference(index, batch, blas=False)
-    # The two paths sum in different orders: some score differs in its last bits, which tells them apart.
-    assert not np.array_equal(by_product[0], by_pass[0]), "both paths gave the same bits: nothing to tell apart"
+    fewer = batch[: BLAS_ROWS - 1]
+    by_path = {path: _reference(index, fewer, path) for path in ("blas", "rows", "scan")}
+    # The paths sum in different orders: some score differs in its last bits, which tells them apart.
+    for a, b in (("blas", "rows"), ("blas", "scan"), ("rows", "scan")):
+        assert not np.array_equal(by_path[a][0], by_path[b][0]), f"{a} and {b} gave the same bits"
 
     async def served(rows: np.ndarray) -> list[list[tuple[str, np.float32]]]:
         client = AsyncShardClient(target)
@@ -81,10 +89,11 @@ def test_a_shard_scores_a_batch_of_its_blas_rows_with_one_matrix_product(
         pairs = zip(scores, rows, strict=True)
         return [[(store[int(r)].id, np.float32(s)) for s, r in zip(ss, rr, strict=True)] for ss, rr in pairs]
 
-    # BLAS_ROWS rows: one matrix product; one row fewer: a pass per row, as FAISS's own threshold would.
-    assert asyncio.run(served(batch)) == expected(*by_product)
-    fewer = batch[: BLAS_ROWS - 1]
-    assert asyncio.run(served(fewer)) == expected(*_reference(index, fewer, blas=False))
+    # BLAS_ROWS rows: one matrix product. Fewer, from 2: one pass for all of them (or, with the scan off, a pass per
+    # row, as FAISS's own threshold would). One row: FAISS's pass.
+    assert asyncio.run(served(batch)) == expected(*_reference(index, batch, "blas"))
+    assert asyncio.run(served(fewer)) == expected(*by_path["scan" if blocked_scan else "rows"])
+    assert asyncio.run(served(batch[:1])) == expected(*_reference(index, batch[:1], "rows"))
 
 
 @pytest.mark.parametrize("rows_per_thread", [0, 4])

@@ -217,6 +217,7 @@ class ShardConfig(ServerConfig):
     max_wait_ms: float = same_as(ShardSettings, "max_wait_ms")
     search_threads: int = same_as(ShardSettings, "search_threads")
     blas_rows_per_thread: int = same_as(ShardSettings, "blas_rows_per_thread")
+    blocked_scan: bool = same_as(ShardSettings, "blocked_scan")
 
     def validate(self) -> None:
         super().validate()

@@ -140,6 +140,11 @@ def set_blas_rows(faiss: Any, rows_per_thread: int, dim: int) -> None:
         faiss.cvar.distance_compute_blas_threshold = rows_per_thread * max(1, faiss.omp_get_max_threads()) * dim
 
 
+def blas_rows(faiss: Any, dim: int) -> int:
+    """The fewest query rows that FAISS scores with one matrix product (its threshold is on rows x dim)."""
+    return -(-int(faiss.cvar.distance_compute_blas_threshold) // dim)
+
+
 def read(faiss: Any, path: str, index_type: str, mmap: bool) -> Any:
     """Opens a shard file on the CPU, memory-mapped or read whole."""
     return faiss.read_index(path, mmap_flag(faiss, index_type) if mmap else 0)

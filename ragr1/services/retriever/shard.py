@@ -21,6 +21,7 @@ from ragr1.services.retriever.batching import Batching, MicroBatcher
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
+from ragr1.services.retriever.scan import FlatScan, flat_vectors
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,14 @@ class ShardSettings(Validated):
         "its own: on a shared or CPU-limited host every parallel region waits for threads that are not running",
     )
     blas_rows_per_thread: int = setting(
-        4,
+        16,
         "flat indexes: a micro-batch of at least this many query rows per search thread is scored with one "
-        "matrix product (BLAS), fewer with one pass over the vectors per row; 0 keeps FAISS's own threshold",
+        "matrix product (BLAS), fewer as blocked_scan says; 0 keeps FAISS's own threshold",
+    )
+    blocked_scan: bool = setting(
+        True,
+        "flat indexes on the CPU: a micro-batch of 2 or more query rows below the matrix-product threshold is "
+        "scored in one pass over the vectors for all its rows; off: FAISS's pass over the vectors per row",
     )
 
     def validate(self) -> None:
@@ -115,6 +121,13 @@ class ShardSearcher:
         )
         self.search_threads = self._batcher.run_sync(lambda: self._set_threads(faiss)).result()
         log.info("shard %d: %d search thread(s)", self.shard, self.search_threads)
+        # From this many rows FAISS scores a batch with one matrix product (set_blas_rows); fewer, from 2 rows, in
+        # one pass over the vectors (blocked_scan), which FAISS itself would make once per row.
+        self._blas_rows = faiss_index.blas_rows(faiss, self.dim)
+        self._scan: FlatScan | None = None
+        if settings.blocked_scan and spec.index_type == "flat" and not self.on_gpu:
+            vectors = flat_vectors(faiss, self._index)
+            self._scan = self._batcher.run_sync(lambda: FlatScan(vectors, spec.metric, self.search_threads)).result()
 
     def _set_threads(self, faiss: Any) -> int:
         """FAISS's threads for this shard's searches (0: every core) and the batch size from which they are one
@@ -133,7 +146,10 @@ class ShardSearcher:
         k = min(max(top_k for _, top_k in requests), self.num_passages)
         queries = np.concatenate([q for q, _ in requests]) if len(requests) > 1 else requests[0][0]
         with metrics.SHARD_SEARCH_SECONDS.time():
-            scores, rows = self._index.search(queries, k)
+            if self._scan is not None and 2 <= len(queries) < self._blas_rows:
+                scores, rows = self._scan.search(queries, k)
+            else:
+                scores, rows = self._index.search(queries, k)
         out = []
         first = 0
         for q, top_k in requests:
@@ -161,4 +177,6 @@ class ShardSearcher:
 
     async def aclose(self) -> None:
         await self._batcher.aclose()
+        if self._scan is not None:
+            self._scan.close()
         self.store.close()
