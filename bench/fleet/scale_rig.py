@@ -238,7 +238,7 @@ def build_replica(spec: RunSpec, name: str, tokenizer: Any, bank: TurnBank, hist
                          spec.search_delay_seconds, histogram)
     scorer = RewardServiceScorer(config.reward_address)
     policy = Policy(engine, tokenizer, search, config, model_dir=Path(spec.model_dir),
-                    default_sampling=Sampling.of(config), limits=config, in_flight=config.in_flight_policy(),
+                    default_sampling=Sampling.of(config), limits=config, on_weight_update=config.weight_update_policy(),
                     engine_seed=config.seed, schedule=config)
     client = config.redis_client()
     follower = WeightFollower(policy, client, name, config.follower_settings(), set_serving=no_health)
@@ -722,6 +722,7 @@ def expected_lifetime(spec: RunSpec, batch: int) -> float:
 def run_one(args: argparse.Namespace, services_: Services, root: Path, tokenizer: Path, model_dir: Path,
             replicas: int, size: int) -> dict[str, Any]:
     from ragr1.services.policy.config import PolicyConfig
+    from ragr1.services.policy.streaming import resolve_max_in_flight
 
     run_dir = root / f"r{replicas}-s{size}"
     run_dir.mkdir()
@@ -738,7 +739,7 @@ def run_one(args: argparse.Namespace, services_: Services, root: Path, tokenizer
     natural = replicas * unslowed.tokens_per_second(batch) / tokens_per_trajectory
     slowdown = args.slowdown or max(1.0, natural / args.rate)
     model = dataclasses.replace(unslowed, slowdown=slowdown)
-    in_flight = args.max_in_flight or batch
+    in_flight = resolve_max_in_flight(args.max_in_flight, batch)
     batch_size = math.ceil(args.batch_fleets * replicas * in_flight / args.samples) * args.samples
     ceiling_rate = natural / slowdown
     spec = RunSpec(

@@ -145,7 +145,7 @@ class Bench:
                                   grace_seconds=0.0)
         worker = (
             StreamingRolloutWorker(policy, scorer, prompts, rollouts, self.sampling,
-                                   dataclasses.replace(settings, worker_batch=1), limit=size)
+                                   dataclasses.replace(settings, worker_batch=1), max_in_flight=size)
             if loop == ASYNC
             else RolloutWorker(policy, scorer, prompts, rollouts, self.sampling,
                                dataclasses.replace(settings, worker_batch=max(1, size // samples)))
