@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu-check.md): the trainer, FSDP2, the rollout loop and the retriever's exact search on
 # a CUDA GPU, within a time limit, ending with one table; the JSON report goes to $OUT/gpu-check.json when
-# $OUT is set (a lent GPU machine's output folder), else to --out. Arguments go to bench/gpu_check.py:
+# $OUT is set (a lent GPU machine's output folder), else to --out. Arguments go to bench/gpu/check.py:
 #
 #   scripts/gpu-check.sh                      # on a GPU machine
 #   scripts/gpu-check.sh --device cpu --tiny  # toy sizes on the CPU (make test runs it)
@@ -25,4 +25,4 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec "$PY" bench/gpu_check.py "$@"
+exec "$PY" bench/gpu/check.py "$@"

@@ -14,6 +14,7 @@ from hypothesis import settings
 from ragr1.services.common import redis_server as _redis_server
 from ragr1.services.common.redis_server import RedisServer, free_port
 from tests.common import background_mypy, scheduling
+from tests.common.servers import retriever_server, reward_server  # noqa: F401  (fixtures, registered here)
 
 if TYPE_CHECKING:
     from tests.common.engine import SharedEngine

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -142,3 +143,39 @@ def test_the_code_map_names_every_top_level_module_and_folder() -> None:
     entries = {p.name for p in package.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     missing = {name for name in entries if f"`ragr1/{name}" not in code_map}
     assert not missing, f"docs/architecture.md's code map leaves out {sorted(missing)}"
+
+
+def _results_links(text: str) -> list[str]:
+    return re.findall(r"\]\(([\w.-]+\.md)(?:#[\w-]+)?\)", text)
+
+
+def test_the_current_figures_cite_pages_that_stand() -> None:
+    """The results index opens with today's figures; a page a later run superseded is not one of them, and a
+    page that says it is superseded names a page that exists."""
+    results = docgen.ROOT / "docs" / "results"
+    index = (results / "index.md").read_text()
+    assert index.startswith("# Results\n\n## Current figures\n")
+    current = index.split("## Current figures", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in current.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
+    assert len(rows) >= 10
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 6 and re.fullmatch(r"20\d\d-\d\d-\d\d", cells[4]), row
+        (page,) = _results_links(cells[5])
+        assert not (results / page).read_text().split("\n", 3)[2].startswith("Superseded by"), row
+    for page in results.glob("20*.md"):
+        top = page.read_text().split("\n", 3)[2]
+        if top.startswith("Superseded by"):
+            assert (results / _results_links(top)[0]).exists(), page.name
+
+
+def test_the_readme_opens_with_the_two_commands_and_carries_no_run_history() -> None:
+    """The README is a guide: the two set-up commands first, no dated figures or links to dated pages (the
+    figures are the results index's)."""
+    text = (docgen.ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert lines[2:6] == ["```bash", lines[3], lines[4], "```"]
+    assert lines[3].startswith("make demo ") and lines[4].startswith("make test ")
+    assert len(lines) < 250
+    assert re.findall(r"20\d\d-\d\d-\d\d", text) == []
+    assert "docs/results/index.md" in text and "docs/results/20" not in text

@@ -110,7 +110,7 @@ def policy_spec(config: StackConfig, p: Ports, model: Path, settings: Mapping[st
 def trainer_threads(config: StackConfig, cores: int | None = None) -> int:
     """The PPO trainer shares the machine with a vLLM CPU engine that is generating the next batch while
     the trainer updates: with a thread on every core each parallel region waits for the thread that
-    shares vLLM's core, which costs more than the thread brings (bench/trainer_colocation.py measures it).
+    shares vLLM's core, which costs more than the thread brings (bench/trainer/colocation.py measures it).
     Half the cores each, unless configured."""
     return config.trainer_threads or max(1, (cores or os.cpu_count() or 2) // 2)
 

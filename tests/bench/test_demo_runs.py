@@ -1,4 +1,4 @@
-"""bench/demo_runs.py reads demo reports alone: the groups' shares per run and pooled per reward, and the more
+"""bench/demo/runs.py reads demo reports alone: the groups' shares per run and pooled per reward, and the more
 held-out answers that carry a parenthesis before and after RL."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_shares_per_run_and_reward_and_the_qualified_answers(tmp_path: Path) -> 
         _run(tmp_path, "c", "f1", [(1, 8)], None),
     ]
     flags = [arg for run in runs for arg in ("--run", str(run))]
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "demo_runs.py"), *flags],
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "demo" / "runs.py"), *flags],
                          capture_output=True, text=True, check=True).stdout
     assert "groups trained / sampled per update: 2/5 2/3 (all: 4 of 8, 50%)" in out
     assert "answers with a parenthesis: SFT 0, RL 2 of 3" in out

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench import gpu_check
+from bench.gpu import check as gpu_check
 
 ROOT = Path(__file__).resolve().parents[2]
 # Not on the lent GPU machines, and never carried there (docs/gpu-check.md).
@@ -116,7 +116,7 @@ def test_bad_arguments_are_refused_naming_them(args: list[str], message: str, ca
 
 
 def test_a_failing_measurement_is_one_failed_row_and_a_late_one_is_skipped(tmp_path: Path) -> None:
-    from bench import gpu_sections
+    from bench.gpu import sections as gpu_sections
 
     ctx = gpu_sections.Context("cpu", gpu_sections.TINY_SIZES, tmp_path)
 

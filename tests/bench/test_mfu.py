@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import gpu_check, gpu_sections, mfu
+from bench.gpu import check as gpu_check
+from bench.gpu import mfu
+from bench.gpu import sections as gpu_sections
 
 
 def test_the_peak_is_found_by_the_name_torch_reports_and_unknown_cards_get_none() -> None:

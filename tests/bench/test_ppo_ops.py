@@ -1,4 +1,4 @@
-"""bench/ppo_ops.py at toy sizes: one PPO update's and one SFT step's operators counted at two depths, by phase
+"""bench/trainer/ppo_ops.py at toy sizes: one PPO update's and one SFT step's operators counted at two depths, by phase
 and by name, and the count at the architecture's own depth derived from them."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_count_per_layer_and_at_the_real_depth_follow_from_two_depths() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "ppo_ops.py"), "--tiny", "--layers", "1", "3", "--rows", "40"],
+        [sys.executable, str(ROOT / "bench" / "trainer" / "ppo_ops.py"), "--tiny", "--layers", "1", "3",
+         "--rows", "40"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""bench/ppo_profile.py at toy sizes on the CPU, so that it runs when a task is lent a GPU: every phase of the
+"""bench/trainer/ppo_profile.py at toy sizes on the CPU, so that it runs when a task is lent a GPU: every phase of the
 update is timed, each micro-batch size gets its tokens/s with the first as the baseline, and the profiler's
 table is printed."""
 
@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_profile_times_every_phase_and_each_micro_batch_size() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "ppo_profile.py"), "--device", "cpu", "--tiny", "--arch", "tiny-qwen2",
-         "--rows", "5", "--micro-batch-tokens", "64", "128"],
+        [sys.executable, str(ROOT / "bench" / "trainer" / "ppo_profile.py"), "--device", "cpu", "--tiny",
+         "--arch", "tiny-qwen2", "--rows", "5", "--micro-batch-tokens", "64", "128"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

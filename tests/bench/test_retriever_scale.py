@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import retriever_scale as scale
+from bench.retriever import scale
 
 
 def synthetic(rows: int, questions: int, dim: int = 384) -> scale.Synthetic:

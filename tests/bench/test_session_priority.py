@@ -1,4 +1,5 @@
-"""bench/session_priority.py: its background process niced in the session each mode names, and every mode timed."""
+"""bench/suite/session_priority.py: its background process niced in the session each mode names, and every mode
+timed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import psutil
 import pytest
 
-from bench.session_priority import MODES, background, main
+from bench.suite.session_priority import MODES, background, main
 from tests.common.waiting import wait_for
 
 

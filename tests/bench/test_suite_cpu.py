@@ -1,4 +1,4 @@
-"""bench/suite_cpu.py: the kernel's accounting records read back (a real one, where the test may turn accounting
+"""bench/suite/cpu.py: the kernel's accounting records read back (a real one, where the test may turn accounting
 on), each process tree charged to the test its worker was running when the tree's first process began, and the
 plugin's line a test."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.suite_cpu import (
+from bench.suite.cpu import (
     LOG_ENV,
     Process,
     Timing,
@@ -80,7 +80,7 @@ def test_the_plugin_writes_a_line_for_each_test_where_it_runs(tmp_path: Path) ->
     (tmp_path / "test_two.py").write_text("def test_a():\n    sum(range(10**6))\n\ndef test_b():\n    pass\n")
     log = tmp_path / "tests.log"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.suite_cpu", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.suite.cpu", str(tmp_path)],
         cwd=ROOT, env={**os.environ, LOG_ENV: str(log), "PYTEST_ADDOPTS": ""}, capture_output=True, text=True,
         check=False,
     )
@@ -93,7 +93,7 @@ def test_the_plugin_writes_a_line_for_each_test_where_it_runs(tmp_path: Path) ->
 
 def test_the_kernel_records_a_childs_parent_and_cpu(tmp_path: Path) -> None:
     if os.environ.get(LOG_ENV):
-        pytest.skip("bench/suite_cpu.py's own accounting is on; turning it on here would take its records")
+        pytest.skip("bench/suite/cpu.py's own accounting is on; turning it on here would take its records")
     accounting = tmp_path / "acct"
     accounting.touch()
     try:

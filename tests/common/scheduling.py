@@ -26,8 +26,8 @@ LONG_MODULES = (
     "tests/trainer/test_loop.py",
 )
 
-# One worker runs all of a group. The policy modules share the session's retriever and reward servers
-# (tests/policy/conftest.py); the async loop's and the engine's modules share its in-process vLLM engine
+# One worker runs all of a group. The policy modules and the scale rig's share the session's retriever and reward
+# servers (tests/common/servers.py); the async loop's and the engine's modules share its in-process vLLM engine
 # (tests/common/engine.py).
 GROUPS = {
     "policy services and the in-process engine": (
@@ -38,7 +38,7 @@ GROUPS = {
         "tests/policy/test_runtime.py",
         "tests/policy/test_streaming.py",
         "tests/policy/test_worker.py",
-        "tests/policy/test_scale_rig.py",
+        "tests/bench/test_scale_rig.py",
     ),
 }
 _GROUP_OF = {module: group for group, modules in GROUPS.items() for module in modules}

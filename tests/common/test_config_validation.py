@@ -27,7 +27,7 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (RewardConfig, {"max_items": "0"}, "max_items"),
     (PolicyConfig, {"max_batch": "0"}, "max_batch"),
     (PolicyConfig, {"worker": "true"}, "reward_address"),
-    (PolicyConfig, {"in_flight": "later"}, "in_flight"),
+    (PolicyConfig, {"on_weight_update": "later"}, "on_weight_update"),
     (PolicyConfig, {"heartbeat_seconds": "0"}, "heartbeat_seconds"),
     (PolicyConfig, {"checkpoint_wait_seconds": "-1"}, "checkpoint_wait_seconds"),
     (ShardConfig, {}, "index"),

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from ragr1.services.policy.config import PolicyConfig
+from ragr1.services.policy.streaming import resolve_max_in_flight
 from ragr1.stack import wiring
 from ragr1.stack.config import UpConfig
 from ragr1.stack.scale import replica_name
@@ -27,7 +28,7 @@ PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 
 def running(config: PolicyConfig, engine_batch: int) -> int:
     """Trajectories the replica's worker keeps going beside an engine that runs ``engine_batch`` at once."""
-    return config.in_flight_limit(engine_batch)
+    return resolve_max_in_flight(config.max_in_flight, engine_batch)
 
 
 def below_its_batch(config: PolicyConfig) -> list[int]:

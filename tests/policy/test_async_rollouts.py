@@ -117,7 +117,7 @@ def test_a_group_is_acknowledged_once_with_all_its_rollouts(
         search, scorer = search_of(retriever_server), RewardServiceScorer(reward_server.target)
         worker = StreamingRolloutWorker(
             policy(engine, tokenizer, search, ASYNC), scorer, prompts, rollouts, SEEDED,
-            worker_settings(worker_batch=1, reclaim_idle_ms=600_000), limit=3,
+            worker_settings(worker_batch=1, reclaim_idle_ms=600_000), max_in_flight=3,
         )
         stop = asyncio.Event()
         running = asyncio.ensure_future(worker.run(stop))

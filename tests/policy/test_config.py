@@ -23,7 +23,7 @@ def test_the_loop_engine_sampling_and_limits_settings_are_the_configs_own() -> N
         own = {f.name: getattr(config, f.name) for f in dataclasses.fields(core)}
         assert own == dataclasses.asdict(core()), core.__name__
     assert Sampling.of(config) == Sampling()
-    assert config.in_flight_policy() is InFlight.FINISH
+    assert config.weight_update_policy() is InFlight.FINISH
 
 
 def test_environment_and_overrides_reach_the_loop() -> None:
@@ -44,7 +44,7 @@ def test_default_context_holds_max_turns_searches_of_three_full_queries() -> Non
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"in_flight": "later"}, "in_flight must be 'finish' or 'abort'"),
+        ({"on_weight_update": "later"}, "on_weight_update must be 'finish' or 'abort'"),
         ({"on_retrieval_error": "ignore"}, "on_retrieval_error"),
         ({"top_k": 0}, "top_k must be at least 1"),
         ({"max_tokens_per_turn": 4096}, "max_model_len=8192 cannot hold max_turns=4 searches"),

@@ -43,8 +43,8 @@ from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.v1 import common_pb2, policy_pb2
 from tests.common import fuzz
 from tests.common.pki import write_pki
+from tests.common.servers import hotpot_rows
 from tests.common.waiting import holds_for, wait_for
-from tests.policy.conftest import hotpot_rows
 
 pytestmark = pytest.mark.slow
 

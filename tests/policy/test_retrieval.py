@@ -14,7 +14,7 @@ from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import free_port
 from ragr1.services.policy.agent import AgentLoop, LoopConfig, Sampling, Task, TrajectoryStatus
 from ragr1.services.policy.backends import RetrieverSearch
-from tests.policy.conftest import hotpot_rows
+from tests.common.servers import hotpot_rows
 from tests.policy.scripted import ScriptedEngine
 
 

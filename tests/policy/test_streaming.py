@@ -67,7 +67,7 @@ def streaming_worker(policy: Policy, reward_server: ServiceProcess, prompts: Str
                      keep_full: bool = False) -> StreamingRolloutWorker:
     return StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
                                   worker_settings(reclaim_idle_ms=600_000, grace_seconds=grace_seconds),
-                                  limit=EngineBatch(lambda tokens: max_in_flight, 1, 1) if keep_full
+                                  max_in_flight=EngineBatch(lambda tokens: max_in_flight, 1, 1) if keep_full
                                   else max_in_flight)
 
 

@@ -46,7 +46,7 @@ def queues(client: redis.Redis, max_deliveries: int = 5) -> tuple[StreamQueue[An
 def worker(policy: Any, scorer: RewardServiceScorer, prompts: StreamQueue[Any], rollouts: StreamQueue[Any],
            reclaim_idle_ms: int = RECLAIM_MS) -> StreamingRolloutWorker:
     return StreamingRolloutWorker(policy, scorer, prompts, rollouts, Sampling(),
-                                  worker_settings(reclaim_idle_ms=reclaim_idle_ms), limit=2)
+                                  worker_settings(reclaim_idle_ms=reclaim_idle_ms), max_in_flight=2)
 
 
 async def until(condition: Callable[[], Any], what: str, seconds: float = 30.0) -> None:

@@ -1,5 +1,5 @@
 """The local stack's trainer shares the cores with the policy's vLLM engine: ``wiring.trainer_spec`` gives
-it half of them (bench/trainer_colocation.py measured why), the trainer's CLI reads the flag, and the
+it half of them (bench/trainer/colocation.py measured why), the trainer's CLI reads the flag, and the
 training process runs with that many torch threads."""
 
 from __future__ import annotations

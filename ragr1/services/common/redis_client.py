@@ -15,8 +15,9 @@ from redis.retry import Retry
 from ragr1.services.common.wire import read_secret
 
 # How long a client of the queue waits out a Redis that is down (a restart from its append-only file takes
-# seconds; the supervisor's first backoff is 1 s, a pod's restart more): waits doubling from about 0.4 s
-# to 2.5-5 s, 27-45 s in all, after which the caller sees the ConnectionError.
+# seconds; the supervisor's first backoff is 1 s, a pod's restart more): waits doubling from under half a
+# second up to the cap, half a minute to three quarters of one in all, after which the caller sees the
+# ConnectionError.
 RECONNECT_RETRIES = 12
 RECONNECT_CAP_SECONDS = 5.0
 

@@ -430,7 +430,7 @@ class StreamQueue(Generic[M]):
     def trim(self) -> int:
         """Deletes the entries that every consuming group of the stream is done with (delivered, and
         older than the group's oldest unacknowledged entry); returns how many. A stream keeps every entry
-        otherwise, so Redis would grow with every rollout for good (``bench/soak.py`` measures both). A
+        otherwise, so Redis would grow with every rollout for good (``bench/retriever/soak.py`` measures both). A
         producer's own group (``consumer=""``) reads nothing and is not waited for; with no other group
         nothing is deleted (a group created later reads from the start). Dead letters stay."""
         if not self.redis.exists(self.stream):

@@ -38,8 +38,9 @@ class PolicyConfig(
     # Dependencies.
     retriever_address: str = setting(f"127.0.0.1:{ports.RETRIEVER}", "Retriever (router) gRPC address")
     reward_address: str = setting("", "Reward gRPC address; empty: the Rollout RPC returns unscored rollouts")
-    in_flight: str = setting(
-        "finish", "running rollouts on a weight update: 'finish' (old version) or 'abort'"
+    on_weight_update: str = setting(
+        "finish", "what a weight update does to the rollouts running: 'finish' them on the old version first, "
+        "or 'abort' them (handed back at once)"
     )
     # Rollout-worker mode.
     worker: bool = setting(False, "also consume PromptTasks from Redis and produce scored Rollouts")
@@ -70,15 +71,15 @@ class PolicyConfig(
         within ``max_model_len``): what the engine's KV cache must keep of each running trajectory."""
         return min(self.max_model_len, self.context_needed(self.max_tokens_per_turn))
 
-    def in_flight_policy(self) -> InFlight:
+    def weight_update_policy(self) -> InFlight:
         try:
-            return InFlight[self.in_flight.upper()]
+            return InFlight[self.on_weight_update.upper()]
         except KeyError:
-            raise ValueError(f"in_flight must be 'finish' or 'abort', got {self.in_flight!r}") from None
+            raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {self.on_weight_update!r}") from None
 
     def validate(self) -> None:
         super().validate()
-        self.in_flight_policy()
+        self.weight_update_policy()
         needed = self.context_needed(self.max_tokens_per_turn)
         if needed > self.max_model_len:
             raise ValueError(

@@ -9,7 +9,7 @@ abort, every rollout carries one version) with the announced digest, checked bef
 
 From the moment a newer version is announced until it serves (its checkpoint waited for, its digest read, the
 load), the replica takes no prompt and starts no trajectory (``VersionGate.holding``): what it starts would be
-stale on arrival. Running trajectories finish or abort as ``in_flight`` says.
+stale on arrival. Running trajectories finish or abort as ``on_weight_update`` says.
 
 Shared storage may show a checkpoint late or half-copied: an announcement lists every file with its size, and
 a version is loaded only once all of them are there (then its digest decides), waited for with backoff up to

@@ -20,7 +20,7 @@ class RolloutLoopSettings(Validated):
     """Which schedule runs a request's trajectories (the policy's config is one)."""
 
     # Lock-step keeps every trajectory of a batch on the turn of the slowest and the engine part-empty at the
-    # end of each turn and batch; async keeps it fed. Lock-step stays as the baseline bench/rollout_loops.py
+    # end of each turn and batch; async keeps it fed. Lock-step stays as the baseline bench/rollout/loops.py
     # measures against (docs/services/policy.md).
     rollout_loop: str = setting(
         ASYNC, "lockstep: a batch's trajectories take each turn together (one engine call, one search call); "

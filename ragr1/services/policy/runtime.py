@@ -97,7 +97,7 @@ class Policy:
         model_dir: Path,
         default_sampling: Sampling,
         limits: RolloutLimits,
-        in_flight: InFlight = InFlight.FINISH,
+        on_weight_update: InFlight = InFlight.FINISH,
         engine_seed: int = 0,
         schedule: Schedule,
     ) -> None:
@@ -113,7 +113,7 @@ class Policy:
         self.model_dir = model_dir
         self.default_sampling = default_sampling
         self.limits = limits
-        self.in_flight = in_flight
+        self.on_weight_update = on_weight_update
         self.engine_seed = engine_seed
         self.rollout_loop = schedule.rollout_loop
         self.gate = VersionGate()
@@ -279,7 +279,7 @@ class Policy:
                 if sha256:
                     await self._check_digest(path, sha256)
                 await self.gate.update(
-                    version, checkpoint_path, load, in_flight=in_flight or self.in_flight,
+                    version, checkpoint_path, load, in_flight=in_flight or self.on_weight_update,
                     abort=self.engine.abort_all, same_version=same_version,
                 )
         except Exception:

@@ -23,7 +23,7 @@ from ragr1.services.policy.follower import WeightFollower
 from ragr1.services.policy.loops import WORKERS
 from ragr1.services.policy.runtime import Policy
 from ragr1.services.policy.servicer import PolicyServicer
-from ragr1.services.policy.streaming import LENGTH_WINDOW, EngineBatch, StreamingRolloutWorker
+from ragr1.services.policy.streaming import LENGTH_WINDOW, EngineBatch, StreamingRolloutWorker, resolve_max_in_flight
 from ragr1.services.policy.worker import RolloutWorker
 from ragr1.v1 import common_pb2, policy_pb2_grpc
 
@@ -86,9 +86,9 @@ def build_worker(
     parts = (policy, scorer, prompts, rollouts, Sampling.of(config), config.worker_settings())
     if not issubclass(worker_class, StreamingRolloutWorker):
         return worker_class(*parts, accepting=accepting)
-    limit: int | EngineBatch = config.max_in_flight or EngineBatch(
-        engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW)
-    worker = worker_class(*parts, accepting=accepting, limit=limit)
+    max_in_flight = resolve_max_in_flight(
+        config.max_in_flight, EngineBatch(engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW))
+    worker = worker_class(*parts, accepting=accepting, max_in_flight=max_in_flight)
     log.info("rollout worker %s keeps %s %d trajectories running (max_in_flight %d; max_num_seqs %d, "
              "trajectories of up to %d tokens)", name, "at most" if config.max_in_flight else "its engine's",
              worker.max_in_flight, config.max_in_flight, config.max_num_seqs, config.trajectory_tokens())
@@ -120,7 +120,7 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
         model_dir=path,
         default_sampling=Sampling.of(config),
         limits=config,
-        in_flight=config.in_flight_policy(),
+        on_weight_update=config.weight_update_policy(),
         engine_seed=config.seed,
         schedule=config,
     )

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ragr1.services.common.config import Validated, check_at_least, setting
 from ragr1.services.common.streams import StreamQueue
@@ -52,9 +52,17 @@ class StreamingSettings(Validated):
         super().validate()
         check_at_least(self, (("max_in_flight", 0),))
 
-    def in_flight_limit(self, engine_batch: int) -> int:
-        """Trajectories the worker keeps running beside an engine that runs ``engine_batch`` at once."""
-        return self.max_in_flight or max(1, engine_batch)
+
+Batch = TypeVar("Batch", int, "EngineBatch")
+
+
+def resolve_max_in_flight(max_in_flight: int, engine_batch: Batch) -> int | Batch:
+    """The one rule of ``max_in_flight`` (the chart's ``maxInFlight``), which the worker, the local stack and the
+    scale rig all follow: 0 follows the engine's batch (``engine_batch``: how many it runs at once, or the
+    ``EngineBatch`` that keeps counting it), any other number caps the trajectories running at that."""
+    if max_in_flight:
+        return max_in_flight
+    return max(1, engine_batch) if isinstance(engine_batch, int) else engine_batch
 
 
 # How many of the trajectories that ended last give the length by which the engine's batch is counted.
@@ -85,7 +93,7 @@ class EngineBatch:
 
 
 class StreamingRolloutWorker(RolloutWorker):
-    """``limit``, of the trajectories running (``max_in_flight``'s, or its engine's: ``server.build_worker``): a
+    """``max_in_flight``, of the trajectories running (``resolve_max_in_flight``'s: ``server.build_worker``): a
     number is a hard cap on running trajectories (a group starts only when all its samples
     fit); an ``EngineBatch`` is the engine's batch kept full (a group starts while fewer than it run, not counting
     those waiting on a search, up to twice the batch in all). Running trajectories are those started and not
@@ -101,22 +109,22 @@ class StreamingRolloutWorker(RolloutWorker):
         settings: WorkerSettings,
         *,
         accepting: asyncio.Event | None = None,
-        limit: int | EngineBatch,
+        max_in_flight: int | EngineBatch,
     ) -> None:
         super().__init__(policy, scorer, prompts, rollouts, sampling, settings, accepting=accepting)
-        self.limit = limit
+        self._max_in_flight = max_in_flight
         # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
         self._running = 0
         # Set whenever a trajectory or a group ends, or trajectories start waiting on a search: room may have come
         # free.
         self._freed = asyncio.Event()
-        if isinstance(self.limit, EngineBatch):
+        if isinstance(self._max_in_flight, EngineBatch):
             self.policy.loop.on_search = self._freed.set
 
     @property
     def max_in_flight(self) -> int:
-        return self.limit if isinstance(self.limit, int) else self.limit.size
+        return self._max_in_flight if isinstance(self._max_in_flight, int) else self._max_in_flight.size
 
     @property
     def in_flight(self) -> int:
@@ -125,12 +133,12 @@ class StreamingRolloutWorker(RolloutWorker):
     def _fits(self, samples: int) -> bool:
         if not self._groups:
             return True
-        if isinstance(self.limit, int):
-            return self._running + samples <= self.limit
+        if isinstance(self._max_in_flight, int):
+            return self._running + samples <= self._max_in_flight
         # Kept full: the trajectories waiting on a search hold no place in the engine's batch meanwhile, so others
         # start in theirs; never more than twice the batch in all, so that a retriever that stalls does not
         # make the worker take prompts without end.
-        batch = self.limit.size
+        batch = self._max_in_flight.size
         searching = min(self._running, self.policy.loop.searching)
         return self._running - searching < batch and self._running < 2 * batch
 
@@ -181,11 +189,11 @@ class StreamingRolloutWorker(RolloutWorker):
             self._groups[group] -= 1
             self._running -= 1
             self._freed.set()
-        if trajectory is not None and isinstance(self.limit, EngineBatch):
-            size = self.limit.size
-            self.limit.ended(trajectory.length)
-            if self.limit.size != size:
-                metrics.WORKER_MAX_IN_FLIGHT.set(self.limit.size)
+        if trajectory is not None and isinstance(self._max_in_flight, EngineBatch):
+            size = self._max_in_flight.size
+            self._max_in_flight.ended(trajectory.length)
+            if self._max_in_flight.size != size:
+                metrics.WORKER_MAX_IN_FLIGHT.set(self._max_in_flight.size)
 
     def _ended(self, group: asyncio.Task[None]) -> None:
         self._running -= self._groups.pop(group, 0)

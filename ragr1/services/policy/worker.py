@@ -11,7 +11,7 @@ quarter of ``reclaim_idle_ms`` apart), so a group that runs longer than ``reclai
 prompt whose work failed for a passing reason goes back at once with the failed delivery counted, to be taken
 again (by any worker) after a backoff that doubles with each delivery (``retry_backoff_seconds`` up to
 ``retry_backoff_max_seconds``): a rollout that raised (weights unknown after a failed load, say), a trajectory
-that ended with a retriever error or ABORTED (a weight update under ``in_flight: abort``), a scoring call that
+that ended with a retriever error or ABORTED (a weight update under ``on_weight_update: abort``), a scoring call that
 failed (the reward service restarting), an acknowledgement that failed. One that fails on its
 ``max_deliveries``-th delivery is dead-lettered with the failure. With ``on_retrieval_error: dead_letter`` a
 retriever error dead-letters the prompt at once instead.

@@ -45,7 +45,7 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 POOLING_MODES = ("cls", "mean")
 BACKENDS = ("torch", "onnx", "onnx-int8")
 # The fastest backend on CPUs whose recall@5 of supporting titles stays within 0.01 of float32 torch
-# (bench/retriever_throughput.py compares their speed; tests/retriever/test_encoder.py checks the recall).
+# (bench/retriever/throughput.py compares their speed; tests/retriever/test_encoder.py checks the recall).
 DEFAULT_BACKEND = "onnx-int8"
 # What an export directory holds: the network, and the tokenizer files it is fed by.
 ONNX_MODEL_FILE = "model.onnx"

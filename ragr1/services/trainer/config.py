@@ -96,7 +96,7 @@ def _rate_help(model: str, full: float, lora: float) -> str:
 class PPOSettings(ModelSettings):
     """The update itself (what a Ray worker needs, too)."""
 
-    # RAG-R1 fine-tunes every weight on GPUs; on CPUs LoRA is what fits (bench/trainer_memory.py measures it).
+    # RAG-R1 fine-tunes every weight on GPUs; on CPUs LoRA is what fits (bench/trainer/memory.py measures it).
     lora_rank: int = setting(16, "LoRA rank of the actor and of the critic's own adapter; 0 trains every weight")
     actor_lr: float | None = setting(None, _rate_help("actor", FULL_ACTOR_LR, LORA_ACTOR_LR))
     critic_lr: float | None = setting(None, _rate_help("critic", FULL_CRITIC_LR, LORA_CRITIC_LR))
@@ -123,7 +123,7 @@ class PPOSettings(ModelSettings):
     logit_chunk_tokens: int = setting(
         1024, "positions per chunk of the vocabulary projection (its [positions x vocab] tensors are the bulk)"
     )
-    # A rollout's update is long sequences at small batch: checkpointing is what fits (bench/trainer_memory.py).
+    # A rollout's update is long sequences at small batch: checkpointing is what fits (bench/trainer/memory.py).
     gradient_checkpointing: bool = setting(
         True, "recompute each layer's activations in the backward pass (less memory, ~1.3x compute; on for "
         "PPO's long rollouts)"

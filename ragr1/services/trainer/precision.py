@@ -5,7 +5,7 @@ in float32), for a network that is not sharded.
 Under autocast a network's weights are float32 and every forward casts each one to bfloat16 again: the
 no-gradient passes, each micro-batch's forward, the recomputation of every checkpointed layer, with the
 backward casting each weight's gradient back. Four operators a weight a pass, the most common operators of a
-PPO update (a launch of a few microseconds each on a GPU: docs/results/2026-11-27-gpu-check-h100.md).
+PPO update (a launch of a few microseconds each on a GPU, where a step of small operators waits on the host).
 
 Here the network's trained weights are bfloat16, views into one flat buffer, and stay so between steps;
 their gradients are views into a second one. After each backward the bfloat16 gradients are added into the

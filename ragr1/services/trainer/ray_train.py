@@ -16,7 +16,7 @@ The driver keeps a CPU copy of the trainable state (``RayUpdater.local``), refre
 update, from which checkpoints and published weights are written: the same files as one process writes.
 On a cluster the driver and the workers share nothing but Ray: a LoRA state is megabytes; a fully
 fine-tuned 7B state (weights and AdamW moments, ~85 GB) should instead be written by the workers to
-shared storage (bench/trainer_gpu_sizing.py sizes it), which is not built.
+shared storage (bench/trainer/gpu_sizing.py sizes it), which is not built.
 """
 
 from __future__ import annotations

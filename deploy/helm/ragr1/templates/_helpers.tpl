@@ -315,10 +315,18 @@ as that Prometheus labels them. */}}
 {{- if or .Values.metrics.serviceMonitor.enabled .Values.policy.autoscaling.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* The prompts per policy replica KEDA aims at: policy.autoscaling.promptsPerReplica, or with 0 the trajectories
-one replica runs at once (policy.maxInFlight, or policy.maxNumSeqs, the engine's batch, when that is 0), so that
-no replica is started with less work than its engine batches. */}}
-{{- define "ragr1.promptsPerReplica" -}}
+{{/* The trajectories one policy replica runs at once, by the rule of policy.maxInFlight that the worker applies
+(resolve_max_in_flight in ragr1/services/policy/streaming.py): 0 follows the engine's batch, policy.maxNumSeqs
+here (the worker also counts what the KV cache holds, which the chart cannot know); a number caps it. The chart
+passes maxInFlight itself to the worker, and states the rule only here, for what it sizes from it. */}}
+{{- define "ragr1.policy.maxInFlight" -}}
 {{- $p := .Values.policy -}}
-{{- $p.autoscaling.promptsPerReplica | int | default ($p.maxInFlight | int | default ($p.maxNumSeqs | int)) -}}
+{{- $p.maxInFlight | int | default ($p.maxNumSeqs | int) -}}
+{{- end -}}
+
+{{/* The prompts per policy replica KEDA aims at: policy.autoscaling.promptsPerReplica, or with 0 the trajectories
+one replica runs at once (ragr1.policy.maxInFlight), so that no replica is started with less work than its engine
+batches. */}}
+{{- define "ragr1.promptsPerReplica" -}}
+{{- .Values.policy.autoscaling.promptsPerReplica | int | default (include "ragr1.policy.maxInFlight" . | int) -}}
 {{- end -}}
