@@ -420,12 +420,21 @@ def agreement(target: str, data: Synthetic, expected: Sequence[str], calls: int,
     return asyncio.run(run())
 
 
-def call_sizes(target: str, pool: Sequence[str], rounds: int) -> dict[int, float]:
-    """Median ms of calls of each of ``CALL_SIZES`` questions at 1 client, interleaved."""
+def call_sizes(cluster: Cluster, pool: Sequence[str], rounds: int) -> tuple[dict[int, float], dict[int, dict]]:
+    """Median ms of calls of each of ``CALL_SIZES`` questions at 1 client, interleaved; then, calling each size on
+    its own for ``rounds`` calls, the router's mean ms per call in each stage (embed, fanout, merge)."""
     feed = itertools.cycle(pool)
-    with RetrieverClient(target, timeout=300) as client:
+    with RetrieverClient(cluster.target, timeout=300) as client:
         calls = [lambda n=n: client.search([next(feed) for _ in range(n)], TOP_K) for n in CALL_SIZES]
-        return dict(zip(CALL_SIZES, interleaved(calls, rounds), strict=True))
+        medians = dict(zip(CALL_SIZES, interleaved(calls, rounds), strict=True))
+        stages = {}
+        for n, call in zip(CALL_SIZES, calls, strict=True):
+            before = stage_scrape(cluster.metrics)
+            for _ in range(rounds):
+                call()
+            after = stage_scrape(cluster.metrics)
+            stages[n] = stage_means(before[0], after[0], before[1], after[1])
+    return medians, stages
 
 
 def measure(cluster: Cluster, served: Served, data: Synthetic, expected: Sequence[str], args: argparse.Namespace,
@@ -433,11 +442,14 @@ def measure(cluster: Cluster, served: Served, data: Synthetic, expected: Sequenc
     label = f"{served.rows / 1e6:g}M {served.kind}, {served.shards} shard(s), {served.encoder}"
     if served.encoder != BEFORE:
         served.agree, served.recall = agreement(cluster.target, data, expected, args.checked_calls, 16)
-    served.call_ms = call_sizes(cluster.target, data.questions, args.rounds)
+    served.call_ms, stages = call_sizes(cluster, data.questions, args.rounds)
     one = served.call_ms[1]
     ratios = ", ".join(f"{n}q {ms:7.1f} ms (x{ms / one:4.2f})" for n, ms in served.call_ms.items())
     print(f"   {label:<52} first hit as unsharded {served.agree:5.3f}, recall@{RECALL_K} {served.recall:5.3f}; "
           f"1 client: {ratios}", flush=True)
+    split = "; ".join(f"{n}q " + " ".join(f"{stage} {stages[n].get(stage, float('nan')):.1f}"
+                                         for stage in ("embed", "fanout", "merge")) for n in CALL_SIZES)
+    print(f"   {'':<52} 1 client, router ms per call: {split}", flush=True)
     for c in levels:
         served.points[c] = point = measure_load(cluster, data.questions, c, args.seconds)
         print("   " + point_row(f"{label} c={c}", point), flush=True)
@@ -530,7 +542,7 @@ def main() -> None:
     parser.add_argument("--ivf-lists", type=int, default=1024, help="ivfpq: inverted lists")
     parser.add_argument("--ivf-probes", type=int, default=16, help="ivfpq: lists searched")
     parser.add_argument("--deadline-s", type=float, default=300.0, help="the router's deadline (--timeout-s)")
-    parser.add_argument("--scan-batches", default="1,2,3,4,8,16,32", help="in-process scan: query rows per search")
+    parser.add_argument("--scan-batches", default="1,2,3,4,8,12,16,32", help="in-process scan: query rows per search")
     parser.add_argument("--scan-cap-s", type=float, default=15.0, help="in-process scan: skip longer passes per row")
     parser.add_argument("--work", type=Path, default=None, help="keep the sources here and reuse them next time")
     if sys.argv[1:2] == ["--lookup-router"]:

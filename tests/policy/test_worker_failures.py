@@ -15,15 +15,20 @@ from typing import Any
 import redis
 from prometheus_client import REGISTRY
 
+from ragr1.protocol.information import Passage
+from ragr1.services.common.errors import Unavailable
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.redis_server import RedisServer, free_port
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, Backlog, StreamQueue
-from ragr1.services.policy.agent import Generation, GenerationRequest, Sampling
+from ragr1.services.policy.agent import Generation, GenerationRequest, LoopConfig, Sampling
 from ragr1.services.policy.backends import RewardServiceScorer
+from ragr1.services.policy.loops import RolloutLoopSettings
+from ragr1.services.policy.runtime import ASYNC, Policy, RolloutLimits
 from ragr1.services.policy.streaming import StreamingRolloutWorker
 from ragr1.services.policy.worker import backoff_seconds
 from ragr1.v1 import common_pb2
-from tests.common.waiting import wait_for_async
+from tests.common.waiting import holds_for_async, wait_for_async
+from tests.policy.scripted import ScriptedSearch
 from tests.policy.test_streaming import TimedEngine, async_policy, task
 from tests.policy.test_worker import BACKOFF, worker_settings
 
@@ -70,23 +75,41 @@ def running(w: StreamingRolloutWorker, scenario: Callable[[], Awaitable[None]]) 
     asyncio.run(asyncio.wait_for(go(), 120))
 
 
-def test_a_score_call_that_fails_while_the_reward_service_restarts_hands_the_prompt_back_at_once(
+def gauge(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def down(dependency: str) -> float:
+    return gauge("ragr1_policy_worker_dependency_down", dependency=dependency)
+
+
+def test_a_score_call_that_fails_while_the_reward_service_is_down_costs_the_prompt_no_delivery(
     redis_client: redis.Redis, tokenizer: Any, policy_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The reward service is down when the group ends (a rolling restart): its Score call fails, the prompt goes
-    back at once with the failed delivery counted, and once the service is back the prompt is trained, within
-    seconds, not after the reclaim time."""
-    prompts, rollouts = queues(redis_client, max_deliveries=50)
+    """The reward service is down when the group ends (a rolling restart): its Score call answers UNAVAILABLE, the
+    prompt goes back at once with no delivery counted (with max_deliveries 1, a counted failure would have
+    dead-lettered it), the worker takes nothing and reports not ready while the service is down, and once the
+    service answers again the prompt is trained, within seconds, not after the reclaim time."""
+    prompts, rollouts = queues(redis_client, max_deliveries=1)
     prompts.produce([task("fr", "Fast one?")])
     port = free_port()
     scorer = RewardServiceScorer(f"127.0.0.1:{port}")  # nothing listens there yet
-    w = worker(async_policy(TimedEngine(tokenizer), tokenizer, policy_model_dir), scorer, prompts, rollouts)
-    failed_before = requeues("scoring")
+    ready: list[bool] = []
+
+    async def report(up: bool) -> None:
+        ready.append(up)
+
+    w = StreamingRolloutWorker(async_policy(TimedEngine(tokenizer), tokenizer, policy_model_dir), scorer, prompts,
+                               rollouts, Sampling(), worker_settings(reclaim_idle_ms=RECLAIM_MS,
+                                                                     dependency_probe_seconds=0.2),
+                               max_in_flight=2, report_ready=report)
 
     async def scenario() -> None:
-        await until(lambda: requeues("scoring") > failed_before, "no Score call failed")
-        # Handed back, not held: the trainer's admission sees it waiting, and any worker takes it once due.
-        assert await asyncio.to_thread(prompts.backlog) in (Backlog(1, 0, 0), Backlog(0, 1, 1))
+        await until(lambda: down("reward") == 1, "the worker never saw the reward service down")
+        # Handed back, not held, and not taken again while the service is down: probes, not prompts.
+        await holds_for_async(lambda: prompts.backlog() == Backlog(1, 0, 0),
+                              "the prompt waits, handed back, while the reward service is down", 1.0)
+        assert ready == [False]
         service = ServiceProcess.ragr1("reward", ["serve", "reward", "--port", str(port), "--metrics-port", "0"],
                                        f"127.0.0.1:{port}", tmp_path / "reward.log")
         await asyncio.to_thread(service.start)
@@ -98,9 +121,133 @@ def test_a_score_call_that_fails_while_the_reward_service_restarts_hands_the_pro
     started = time.monotonic()
     running(w, scenario)
     assert time.monotonic() - started < RECLAIM_MS / 1000
+    assert ready == [False, True] and down("reward") == 0
     (rollout,) = [d.message for d in rollouts.consume(10)]
     assert rollout.task_id == "fr" and rollout.reward.f1 > 0
     assert prompts.pending() == 0 and prompts.dead_letters() == []
+
+
+class DownSearch(ScriptedSearch):
+    """A retriever that answers UNAVAILABLE (a shard reloading its index) until ``up`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = False
+        self.refused = 0
+
+    async def search(self, queries: Sequence[str], groups: Sequence[int]) -> list[list[Passage]]:
+        if not self.up:
+            self.refused += 1
+            raise Unavailable("1 of 2 shards did not answer")
+        return await super().search(queries, groups)
+
+
+def test_a_retriever_that_is_down_for_longer_than_the_retry_budget_dead_letters_no_prompt(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """A retriever down for longer than a prompt's retry budget (max_deliveries 2, backoffs of 0.2 s): every search
+    in that time fails, and none counts against the prompt. The worker stops taking prompts until a probe finds
+    the retriever answering again; then the prompt is trained, and nothing was dead-lettered."""
+    prompts, rollouts = queues(redis_client, max_deliveries=2)
+    prompts.produce([task("ham", "Who wrote Hamlet?")])  # searches once
+    search = DownSearch()
+    policy = Policy(TimedEngine(tokenizer), tokenizer, search, LoopConfig(), model_dir=policy_model_dir,
+                    default_sampling=Sampling(), limits=RolloutLimits(max_batch=8),
+                    schedule=RolloutLoopSettings(rollout_loop=ASYNC))
+    w = StreamingRolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                               worker_settings(reclaim_idle_ms=RECLAIM_MS, dependency_probe_seconds=0.2),
+                               max_in_flight=2)
+
+    async def scenario() -> None:
+        await until(lambda: down("retriever") == 1, "the worker never saw the retriever down")
+        # Down for many backoffs and probes: the prompt's one failure and the probes' all refused.
+        await wait_for_async(lambda: search.refused >= 8, "the worker stopped asking the retriever", 10, 0.05)
+        assert prompts.backlog() == Backlog(1, 0, 0) and prompts.dead_letters() == []
+        search.up = True
+        await until(lambda: prompts.is_done("ham"), "the prompt was never trained once the retriever was back")
+
+    running(w, scenario)
+    assert down("retriever") == 0 and prompts.dead_letters() == [] and prompts.pending() == 0
+    assert [d.message.task_id for d in rollouts.consume(10)] == ["ham"]
+
+
+class WedgedEngine(TimedEngine):
+    """An engine whose process is stopped: a generation it was given never comes back."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.given = 0
+
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling,
+                       stop: Sequence[str]) -> list[Generation]:
+        self.given += 1
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def test_a_replica_whose_engine_hangs_lets_its_prompts_go_once_they_make_no_progress_for_the_stall_limit(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """The engine takes the group's generation and never answers (a stopped engine process): the worker renews the
+    prompt's lease for stall_seconds (1.5 s; another worker looking every 0.1 s finds nothing to take meanwhile),
+    then lets it lapse, and the other worker takes it one reclaim time (1 s) later, its delivery counted."""
+    stall, reclaim_ms = 1.5, 1000
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("fr", "Fast one?")])
+    engine = WedgedEngine(tokenizer)
+    w = StreamingRolloutWorker(async_policy(engine, tokenizer, policy_model_dir),
+                               RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                               worker_settings(reclaim_idle_ms=reclaim_ms, stall_seconds=stall), max_in_flight=2)
+    other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+    lapsed_before = gauge("ragr1_policy_worker_leases_lapsed_total")
+    taken: list[Any] = []
+    times: list[float] = []
+
+    async def scenario() -> None:
+        await wait_for_async(lambda: engine.given == 1, "the engine was never given the group", 10, 0.05)
+        given = time.monotonic()
+
+        async def reclaimed() -> bool:
+            taken.extend(await asyncio.to_thread(other.reclaim, reclaim_ms, 10))
+            return bool(taken)
+
+        await wait_for_async(reclaimed, "the stalled prompt was never let go", 30, 0.1)
+        times.append(time.monotonic() - given)
+
+    running(w, scenario)
+    assert engine.given == 1  # the fault: a generation given and never answered
+    assert stall <= times[0] < stall + reclaim_ms / 1000 + 2 * reclaim_ms / 1000 / 4 + 2
+    (d,) = taken
+    assert d.message.id == "fr" and d.deliveries == 2
+    assert gauge("ragr1_policy_worker_leases_lapsed_total") == lapsed_before + 1
+    assert rollouts.consume(10) == []
+
+
+def test_a_prompt_waiting_for_room_goes_back_when_the_replica_stops_accepting(
+    redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
+) -> None:
+    """Room for two trajectories, one running: the second prompt taken, of two samples, waits for room. A new version
+    to load clears ``accepting``: the waiting prompt goes back at once, no delivery counted, for a replica that can
+    start it, while the running group goes on."""
+    prompts, rollouts = queues(redis_client)
+    prompts.produce([task("a", "Fast one?"), task("b", "Fast one?", samples=2)])
+    engine = WedgedEngine(tokenizer)
+    accepting = asyncio.Event()
+    accepting.set()
+    w = StreamingRolloutWorker(async_policy(engine, tokenizer, policy_model_dir),
+                               RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                               worker_settings(reclaim_idle_ms=RECLAIM_MS), accepting=accepting, max_in_flight=2)
+
+    async def scenario() -> None:
+        await until(lambda: prompts.backlog() == Backlog(0, 2, 1), "the worker never held both prompts")
+        assert engine.given == 1  # one running, one waiting for room
+        accepting.clear()
+        await until(lambda: prompts.backlog() == Backlog(1, 1, 1), "the waiting prompt was never handed back", 5)
+
+    running(w, scenario)
+    other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+    handed = other.reclaim(RECLAIM_MS, 10)  # the leave handed back the running one too
+    assert sorted(d.message.id for d in handed) == ["a", "b"] and [d.deliveries for d in handed] == [1, 1]
 
 
 def test_an_acknowledgement_redis_refuses_hands_the_prompt_back_and_nothing_is_produced_twice(

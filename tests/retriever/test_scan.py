@@ -2,9 +2,9 @@
 corpus's embeddings (memory-mapped, as a shard opens it) and real questions, against exact scores.
 
 FAISS and the scan sum a row's products in different orders, so a score may differ in its last bits and two
-passages whose scores are that close may swap. The tolerance is float32 summation's error bound, d * u * sum of
-|x_t q_t| (u the unit roundoff), for each of the two: every hit's score must be its exact (float64) score within
-it, and each rank's score the exact k-best's at that rank within it.
+passages whose scores are that close may swap. The tolerance is float32 summation's error bound, about d * u times
+the sum of the terms' magnitudes (u the unit roundoff), for each of the two: every hit's score must be its exact
+(float64) score within it, and each rank's score the exact k-best's at that rank within it.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ def _vectors(index_dir: Path) -> tuple[object, np.ndarray]:
 def _exact(vectors: np.ndarray, queries: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
     """Every vector's exact score per query (higher is better) and each score's rounding bound."""
     x, q = vectors.astype(np.float64), queries.astype(np.float64)
+    products = np.abs(q)[:, None, :] * np.abs(x)[None, :, :]
     if metric == "ip":
-        terms = np.abs(q)[:, None, :] * np.abs(x)[None, :, :]
+        terms = products.sum(axis=2)
         score = q @ x.T
-    else:
-        terms = (q[:, None, :] - x[None, :, :]) ** 2
-        score = -terms.sum(axis=2)
-    # d products or differences, each rounded once, summed in d roundings; x2 for the other path compared.
-    bound = 2 * (vectors.shape[1] + 1) * UNIT_ROUNDOFF * terms.sum(axis=2)
+    else:  # either path's sum of squared differences, or the scan's |q|^2 - 2 x.q + |x|^2
+        terms = ((q**2).sum(axis=1)[:, None] + 2 * products.sum(axis=2) + (x**2).sum(axis=1)[None, :])
+        score = -((q[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
+    # d products, each rounded once, summed in d roundings, and a few more to combine them; x2 for the other path.
+    bound = 2 * (vectors.shape[1] + 4) * UNIT_ROUNDOFF * terms
     return score, bound
 
 
@@ -70,8 +71,8 @@ def test_the_scan_finds_the_exact_k_best_of_every_row(
     index, vectors = _vectors(index_dirs[1])
     scan = FlatScan(vectors, "ip", threads)
     try:
-        # Rows across the groups' edges: a lone row, a part group, a full one, one into the next.
-        for count in (1, GROUP - 1, GROUP, 2 * GROUP + 1):
+        # Rows across the groups' edges: a lone row, a short group (2 and 3 rows), a full one, one into the next.
+        for count in (1, 2, GROUP - 1, GROUP, GROUP + 1, 2 * GROUP + 2):
             queries = encoder.encode_queries(questions[:count])
             scores, rows = scan.search(queries, 10)
             _check(vectors, queries, "ip", 10, scores, rows)

@@ -34,6 +34,8 @@ from ragr1.protocol.prompts import (
     question_prompt,
 )
 from ragr1.services.common.config import InformationSettings, Validated, check_at_least, part_of, setting
+from ragr1.services.common.errors import Unavailable
+from ragr1.services.policy import progress
 
 
 class TrajectoryStatus(enum.Enum):
@@ -201,6 +203,8 @@ class Trajectory:
     spans: list[Span] = dataclasses.field(default_factory=list)
     status: TrajectoryStatus = TrajectoryStatus.RUNNING
     error: str = ""
+    # A RETRIEVAL_ERROR because the retriever was down (it answered UNAVAILABLE): no fault of the prompt's.
+    retriever_down: bool = False
     num_turns: int = 0
     retrieval_rounds: int = 0
     num_queries: int = 0
@@ -378,6 +382,7 @@ class AgentLoop:
         ]
         start = time.perf_counter()
         generations = await self.engine.generate(requests, sampling, stop)
+        progress.advanced()
         elapsed = time.perf_counter() - start
         searches: list[tuple[Trajectory, grammar.Action]] = []
         for t, generation in zip(live, generations, strict=True):
@@ -448,8 +453,10 @@ class AgentLoop:
             )
             for t, _ in searches:
                 t.retrieval_seconds += elapsed
+                t.retriever_down = isinstance(exc, Unavailable)
                 t.end(TrajectoryStatus.RETRIEVAL_ERROR, reason)
             return
+        progress.advanced()
         elapsed = time.perf_counter() - start
         offset = 0
         for t, action in searches:

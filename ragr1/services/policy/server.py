@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Protocol, cast
 
 import redis
@@ -33,20 +34,28 @@ log = logging.getLogger(__name__)
 class Checked(Protocol):
     async def check_health(self) -> None: ...
 
+    def stalled_seconds(self) -> float: ...
+
 
 class EngineDied(RuntimeError):
-    """The vLLM engine stopped answering its health check: it never comes back."""
+    """The vLLM engine stopped answering its health check, or stopped making steps: it never comes back."""
 
 
-async def watch_engine(engine: Checked, server: GrpcServer, interval: float) -> None:
-    """Ties the server's health to the engine. A vLLM engine that died (its process killed, a kernel
-    that failed) never comes back and fails every request, so the server turns NOT_SERVING and this
-    raises, which stops the process with exit code 1: the container then restarts instead of showing
-    healthy while it fails every prompt."""
+async def watch_engine(engine: Checked, server: GrpcServer, interval: float, stall_seconds: float) -> None:
+    """Ties the server's health to the engine. A vLLM engine that died (its process killed, a kernel that failed)
+    never comes back and fails every request; one that has had requests and made no step for ``stall_seconds``
+    (an engine process stopped, a collective that never returns) holds them for good, and vLLM's own check does
+    not see it. Either way the server turns NOT_SERVING and this raises, which stops the process with exit code 1:
+    the rollout worker hands back every prompt it holds as it leaves, and the container restarts instead of
+    showing healthy while it serves nothing."""
     while True:
         await asyncio.sleep(interval)
         try:
             await engine.check_health()
+            stalled = engine.stalled_seconds()
+            if stalled > stall_seconds:
+                raise TimeoutError(f"no step for {stalled:.0f} s with requests in hand (stall_seconds "
+                                   f"{stall_seconds:g})")
         except Exception as exc:
             log.error("the vLLM engine died (%s: %s); the policy goes NOT_SERVING and stops",
                       type(exc).__name__, exc)
@@ -67,6 +76,7 @@ class Batching(Protocol):
 def build_worker(
     config: PolicyConfig, policy: Policy, scorer: RewardServiceScorer, client: redis.Redis, name: str,
     accepting: asyncio.Event | None = None, *, engine: Batching,
+    report_ready: Callable[[bool], Awaitable[None]] | None = None,
 ) -> RolloutWorker:
     """The worker of a replica, the one ``loops.WORKERS`` gives the policy's rollout loop: asked to stop, it finishes
     or hands back what it holds within the grace period (``RolloutWorker``, ``StreamingRolloutWorker``). The async
@@ -85,10 +95,10 @@ def build_worker(
     worker_class = WORKERS[policy.rollout_loop]
     parts = (policy, scorer, prompts, rollouts, Sampling.of(config), config.worker_settings())
     if not issubclass(worker_class, StreamingRolloutWorker):
-        return worker_class(*parts, accepting=accepting)
+        return worker_class(*parts, accepting=accepting, report_ready=report_ready)
     max_in_flight = resolve_max_in_flight(
         config.max_in_flight, EngineBatch(engine.sequences_at_once, config.trajectory_tokens(), LENGTH_WINDOW))
-    worker = worker_class(*parts, accepting=accepting, max_in_flight=max_in_flight)
+    worker = worker_class(*parts, accepting=accepting, report_ready=report_ready, max_in_flight=max_in_flight)
     log.info("rollout worker %s keeps %s %d trajectories running (max_in_flight %d; max_num_seqs %d, "
              "trajectories of up to %d tokens)", name, "at most" if config.max_in_flight else "its engine's",
              worker.max_in_flight, config.max_in_flight, config.max_num_seqs, config.trajectory_tokens())
@@ -127,12 +137,18 @@ async def build_server(config: PolicyConfig) -> GrpcServer:
     # A rollout worker is ready once it serves the announced weights (``WeightFollower``), not at its start.
     server = GrpcServer(config, "policy", ready_at_start=not config.worker)
     server.add(policy_pb2_grpc.add_PolicyServicer_to_server, PolicyServicer(policy, scorer))
-    server.beside(lambda: watch_engine(engine, server, config.engine_check_seconds), "the engine watchdog")
+    server.beside(lambda: watch_engine(engine, server, config.engine_check_seconds, config.stall_seconds),
+                  "the engine watchdog")
     if config.worker:
         assert scorer is not None  # the config requires reward_address with worker
         client, name = config.redis_client(), worker_name(config)
         follower = WeightFollower(policy, client, name, config.follower_settings(), set_serving=server.set_serving)
-        worker = build_worker(config, policy, scorer, client, name, follower.accepting, engine=engine)
+        # Not ready while a dependency is down; once it answers, ready again if it serves the announced weights.
+        async def report_ready(up: bool) -> None:
+            await server.set_serving(up and follower.accepting.is_set())
+
+        worker = build_worker(config, policy, scorer, client, name, follower.accepting, engine=engine,
+                              report_ready=report_ready)
         stop_worker, stop_follower = asyncio.Event(), asyncio.Event()
         # Asked to stop, the worker finishes or hands back its batch within the grace period (``build_worker``).
         server.beside(lambda: worker.run(stop_worker), "the rollout worker", stop=stop_worker.set,

@@ -17,19 +17,23 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ragr1.services.common.config import Validated, check_at_least, setting
 from ragr1.services.common.streams import StreamQueue
-from ragr1.services.policy import metrics
+from ragr1.services.policy import metrics, progress
 from ragr1.services.policy.agent import Sampling, Trajectory
 from ragr1.services.policy.rollouts import Scorer
 from ragr1.services.policy.runtime import Policy
-from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, WorkerSettings, _either
+from ragr1.services.policy.worker import PromptDelivery, RolloutWorker, WorkerSettings
 from ragr1.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+
+# How often a prompt waiting for room looks whether it may still start (the follower's gate has no event for
+# being cleared).
+_LOOK_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -109,9 +113,11 @@ class StreamingRolloutWorker(RolloutWorker):
         settings: WorkerSettings,
         *,
         accepting: asyncio.Event | None = None,
+        report_ready: Callable[[bool], Awaitable[None]] | None = None,
         max_in_flight: int | EngineBatch,
     ) -> None:
-        super().__init__(policy, scorer, prompts, rollouts, sampling, settings, accepting=accepting)
+        super().__init__(policy, scorer, prompts, rollouts, sampling, settings, accepting=accepting,
+                         report_ready=report_ready)
         self._max_in_flight = max_in_flight
         # Each running group and how many of its trajectories still run; their sum, kept as it changes.
         self._groups: dict[asyncio.Task[None], int] = {}
@@ -145,8 +151,7 @@ class StreamingRolloutWorker(RolloutWorker):
     async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         try:
             while not stop.is_set():
-                if self.accepting is not None and not self.accepting.is_set():
-                    await _either(self.accepting, stop)
+                if not await self._may_take(stop):
                     continue
                 if not self._fits(1):
                     await self._one_ends(stopped)
@@ -160,23 +165,29 @@ class StreamingRolloutWorker(RolloutWorker):
             if self._groups:
                 await self._finish(list(self._groups))
 
-    async def _one_ends(self, stopped: asyncio.Future[Any]) -> None:
-        """Waits until a trajectory or a group ends (or the stop)."""
+    async def _one_ends(self, stopped: asyncio.Future[Any], timeout: float | None = None) -> None:
+        """Waits until a trajectory or a group ends (or the stop), at most ``timeout``."""
         self._freed.clear()
         freed = asyncio.ensure_future(self._freed.wait())
         try:
-            await asyncio.wait([freed, stopped], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([freed, stopped], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             freed.cancel()
 
+    def _startable(self) -> bool:
+        """Whether a prompt taken may still start: the replica accepts, and its dependencies answer."""
+        return (self.accepting is None or self.accepting.is_set()) and self._dependencies.is_set()
+
     async def _take_one(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
-        """Takes one prompt and starts its group once it fits; hands it back unstarted if the stop comes first."""
+        """Takes one prompt and starts its group once it fits; hands it back unstarted if the stop comes first, or if
+        the replica stops accepting (a new version to load, refused weights) or a dependency goes down meanwhile:
+        another replica may start it at once."""
         deliveries = await self._take(1)
         for d in await self._valid(deliveries):
             samples = max(1, d.message.num_samples)
-            while not stop.is_set() and not self._fits(samples):
-                await self._one_ends(stopped)
-            if stop.is_set():
+            while not stop.is_set() and self._startable() and not self._fits(samples):
+                await self._one_ends(stopped, timeout=_LOOK_SECONDS)
+            if stop.is_set() or not self._startable():
                 await self._hand_back([d])
                 continue
             group = asyncio.create_task(self._group(d))
@@ -201,4 +212,5 @@ class StreamingRolloutWorker(RolloutWorker):
 
     async def _group(self, delivery: PromptDelivery) -> None:
         group = asyncio.current_task()
-        await self._run_safely([delivery], on_end=lambda trajectory: self._trajectory_ended(group, trajectory))
+        with progress.tracking(self._held.start([delivery.entry_id])):
+            await self._run_safely([delivery], on_end=lambda trajectory: self._trajectory_ended(group, trajectory))

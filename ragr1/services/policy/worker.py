@@ -6,18 +6,26 @@ has finished. ``streaming.StreamingRolloutWorker`` (async, the default) builds o
 A batch's rollouts are produced to ``rollouts`` in the same Redis transaction that acknowledges
 its prompts, so a crash loses nothing and duplicates nothing.
 
-Reclaim is for the dead only: the worker keeps its lease on every prompt it holds (``StreamQueue.renew``, a
-quarter of ``reclaim_idle_ms`` apart), so a group that runs longer than ``reclaim_idle_ms`` stays its own. A
-prompt whose work failed for a passing reason goes back at once with the failed delivery counted, to be taken
+Reclaim is for the dead only, and liveness is judged by progress: the worker keeps its lease on a prompt it holds
+(``StreamQueue.renew``, a quarter of ``reclaim_idle_ms`` apart) while the prompt's rollouts advance (a token
+generated, a search or a score answered: ``progress``) within ``stall_seconds``, so a group that runs longer than
+``reclaim_idle_ms`` stays its own and one whose engine hangs does not; a prompt taken and waiting for room lives
+as long as the replica's running rollouts advance. A prompt whose work failed for a passing reason goes back at
+once with the failed delivery counted, to be taken
 again (by any worker) after a backoff that doubles with each delivery (``retry_backoff_seconds`` up to
 ``retry_backoff_max_seconds``): a rollout that raised (weights unknown after a failed load, say), a trajectory
 that ended with a retriever error or ABORTED (a weight update under ``on_weight_update: abort``), a scoring call that
 failed (the reward service restarting), an acknowledgement that failed. One that fails on its
 ``max_deliveries``-th delivery is dead-lettered with the failure. With ``on_retrieval_error: dead_letter`` a
-retriever error dead-letters the prompt at once instead.
+retriever error dead-letters the prompt at once instead. A failure because a dependency is down (the retriever
+or the reward service answered UNAVAILABLE) is no fault of the prompt's: it goes back with no delivery counted,
+and the worker takes no prompt (and reports not ready) until the dependency answers again, asked every
+``dependency_probe_seconds``; dead-lettering is for prompts that fail while their dependencies are healthy.
 
 The worker takes prompts only while ``accepting`` is set (``follower.WeightFollower``: while the replica
-serves the newest announced weights).
+serves the newest announced weights); a prompt taken and not started when it is cleared goes back. A worker
+restarted under the same consumer name hands its predecessor's unacknowledged prompts back at its start (due at
+once, no delivery counted), for whichever replica has room.
 
 Leaving (SIGTERM: a scale-down, a rolling update) the worker takes no new prompt, lets the batch in hand
 finish for up to ``leave_seconds``, then aborts what is left of it, and hands every prompt it has not
@@ -31,15 +39,16 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ragr1.services.common.config import Validated, check_at_least, check_choice, same_as, setting
-from ragr1.services.common.errors import InvalidArgument
+from ragr1.services.common.errors import InvalidArgument, Unavailable
 from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import MAX_BACKOFF_MS, Delivery, StreamQueue
-from ragr1.services.policy import metrics
+from ragr1.services.policy import metrics, progress
 from ragr1.services.policy.agent import Sampling, Trajectory, TrajectoryStatus
+from ragr1.services.policy.progress import Progress
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
 from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
@@ -87,12 +96,26 @@ class WorkerSettings(Validated):
     on_retrieval_error: str = setting(
         "requeue", "prompts whose rollout hit a retriever error: requeue or dead_letter"
     )
+    # Longer than any one engine step (a prefill of a full batch on a CPU included) and any search or score call
+    # (their own deadlines), so that only a replica that has stopped working loses its prompts.
+    stall_seconds: float = setting(
+        120.0, "a held prompt's lease is renewed only while its rollouts advanced (a token generated, a search or a "
+        "score answered) within this long; an engine with requests that makes no step for this long stops the "
+        "replica (NOT_SERVING, its prompts handed back)"
+    )
+    dependency_probe_seconds: float = setting(
+        5.0, "while the retriever or the reward service is down (UNAVAILABLE), the worker takes no prompt and asks "
+        "it again this often"
+    )
     # Asked to stop, the worker finishes or hands back what it holds within the server's grace period.
     grace_seconds: float = same_as(ServerConfig, "grace_seconds")
 
     def validate(self) -> None:
         super().validate()
         check_at_least(self, (("worker_batch", 1), ("reclaim_idle_ms", 1)))
+        for name in ("stall_seconds", "dependency_probe_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.retry_backoff_seconds <= self.retry_backoff_max_seconds <= MAX_BACKOFF_MS / 1000:
             raise ValueError(
                 f"retry_backoff_seconds ({self.retry_backoff_seconds}) must be within 0..retry_backoff_max_seconds "
@@ -104,6 +127,59 @@ class WorkerSettings(Validated):
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
 RETRY = {TrajectoryStatus.RETRIEVAL_ERROR: "retrieval_error", TrajectoryStatus.ABORTED: "aborted"}
+RETRIEVER, REWARD = "retriever", "reward"
+
+
+class Held:
+    """The prompts a worker holds (taken, and not yet acknowledged, handed back or dead-lettered), by entry, each
+    with the progress of its rollouts (``progress.Progress``): the leases it renews."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._deliveries: dict[str, PromptDelivery] = {}
+        self._progress: dict[str, Progress] = {}
+        self._started: set[str] = set()
+
+    def add(self, deliveries: Sequence[PromptDelivery]) -> None:
+        for d in deliveries:
+            self._deliveries[d.entry_id] = d
+            self._progress[d.entry_id] = Progress(self.clock)
+
+    def start(self, entry_ids: Sequence[str]) -> Progress:
+        """The work on ``entry_ids`` (a group, or a lock-step chunk) starts: what it advances, it stamps."""
+        shared = Progress(self.clock)
+        for e in entry_ids:
+            if e in self._deliveries:
+                self._progress[e] = shared
+                self._started.add(e)
+        return shared
+
+    def drop(self, entry_id: str) -> None:
+        self._deliveries.pop(entry_id, None)
+        self._progress.pop(entry_id, None)
+        self._started.discard(entry_id)
+
+    def clear(self) -> None:
+        for e in list(self._deliveries):
+            self.drop(e)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._deliveries
+
+    def __len__(self) -> int:
+        return len(self._deliveries)
+
+    def leases(self, stall_seconds: float) -> tuple[list[str], list[str]]:
+        """The entries whose lease is kept, and those let go: a started prompt's rollouts advanced within
+        ``stall_seconds``; one not started yet (waiting for room) lives while the running ones advance."""
+        now = self.clock()
+        running = max((self._progress[e].at for e in self._started), default=None)
+        kept: list[str] = []
+        lapsed: list[str] = []
+        for e, p in self._progress.items():
+            at = p.at if e in self._started or running is None else max(p.at, running)
+            (kept if now - at <= stall_seconds else lapsed).append(e)
+        return kept, lapsed
 
 
 class RolloutWorker:
@@ -117,8 +193,10 @@ class RolloutWorker:
         settings: WorkerSettings,
         *,
         accepting: asyncio.Event | None = None,
+        report_ready: Callable[[bool], Awaitable[None]] | None = None,
     ) -> None:
-        """``accepting``: set while the worker may take prompts (``follower.WeightFollower``'s); None: always."""
+        """``accepting``: set while the worker may take prompts (``follower.WeightFollower``'s); None: always.
+        ``report_ready(False)`` while a dependency is down, ``(True)`` once it answers (the server's health)."""
         self.policy = policy
         self.scorer = scorer
         self.prompts = prompts
@@ -126,40 +204,40 @@ class RolloutWorker:
         self.sampling = sampling
         self.settings = settings
         self.accepting = accepting
+        self.report_ready = report_ready
+        # Set while every dependency answers; the ones that did not, with why.
+        self._dependencies = asyncio.Event()
+        self._dependencies.set()
+        self._down: dict[str, str] = {}
+        self._probing: asyncio.Task[None] | None = None
         # Asked to stop, the batch in hand gets the grace period less what aborting it and handing back takes.
         self.margin = leave_margin(settings.grace_seconds)
         self.leave_seconds = settings.grace_seconds - self.margin
-        # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name)
-        # first takes back the prompts its predecessor was given and never acknowledged, at once
-        # instead of after reclaim_idle_ms. Read once at start.
-        self._backlog: list[PromptDelivery] | None = None
+        # A worker restarted under the same consumer name (a stable one: see PolicyConfig.worker_name) hands back
+        # the prompts its predecessor was given and never acknowledged before it takes any.
+        self._resumed = False
         self._first_taken = False
         self._leaving = False
-        # Every prompt this worker holds (taken and not yet acknowledged, handed back or dead-lettered), by entry:
-        # the lease it renews. A prompt it no longer holds by mistake is not renewed, so another worker
-        # reclaims it once idle reclaim_idle_ms, as a dead worker's.
-        self._held: dict[str, PromptDelivery] = {}
+        # A prompt it no longer holds by mistake is not renewed, so another worker reclaims it once idle
+        # reclaim_idle_ms, as a dead worker's.
+        self._held = Held()
         # Failed prompts whose hand-back failed (Redis down): handed back before anything else is taken.
         self._owed: list[tuple[list[PromptDelivery], str, str]] = []
 
     async def _take(self, count: int) -> list[PromptDelivery]:
         await self._settle_owed()
         taken = await self._take_from_redis(count)
-        self._held.update((d.entry_id, d) for d in taken)
+        self._held.add(taken)
         return taken
 
     async def _take_from_redis(self, count: int) -> list[PromptDelivery]:
-        if self._backlog is None:
-            self._backlog = await asyncio.to_thread(
-                self.prompts.consume, max(1000, 4 * self.settings.worker_batch), None, pending=True
-            )
-            self._held.update((d.entry_id, d) for d in self._backlog)
-            if self._backlog:
-                log.info("resuming %d prompts left pending under consumer %s",
-                         len(self._backlog), self.prompts.consumer)
-        if self._backlog:
-            taken, self._backlog = self._backlog[:count], self._backlog[count:]
-            return taken
+        if not self._resumed:
+            # Not held in bulk (a restarted consumer's backlog can be hundreds): each goes to whichever replica
+            # has room, this one included, its delivery count as it was.
+            handed = await asyncio.to_thread(self.prompts.hand_back, None, leave=False)
+            self._resumed = True
+            if handed:
+                log.info("handed back %d prompts left pending under consumer %s", handed, self.prompts.consumer)
         reclaimed = await asyncio.to_thread(self.prompts.reclaim, self.settings.reclaim_idle_ms, count)
         if reclaimed:
             return reclaimed
@@ -178,7 +256,7 @@ class RolloutWorker:
     def _dead_letter(self, delivery: PromptDelivery, reason: str) -> None:
         task = delivery.message
         self.prompts.dead_letter(delivery.entry_id, {"id": task.id, "data": task.SerializeToString()}, reason)
-        self._held.pop(delivery.entry_id, None)
+        self._held.drop(delivery.entry_id)
         metrics.WORKER_PROMPTS.labels("dead_lettered").inc()
 
     async def _retry(self, deliveries: Sequence[PromptDelivery], reason: str, kind: str) -> None:
@@ -202,7 +280,7 @@ class RolloutWorker:
                                        self.settings.retry_backoff_max_seconds)
                 await asyncio.to_thread(self.prompts.retry, [d.entry_id for d in group], round(wait * 1000))
                 for d in group:
-                    self._held.pop(d.entry_id, None)
+                    self._held.drop(d.entry_id)
                 metrics.WORKER_PROMPTS.labels("requeued").inc(len(group))
                 metrics.WORKER_REQUEUES.labels(kind).inc(len(group))
                 log.info("prompts %s handed back after their failed delivery %d (%s: %s); due again in %.1f s",
@@ -224,17 +302,79 @@ class RolloutWorker:
                                   "back")
 
     async def _keep_lease(self) -> None:
-        """Renews this worker's lease on the prompts it holds, ``LEASE_RENEWALS`` times per ``reclaim_idle_ms``."""
+        """Renews this worker's lease on the prompts it holds whose rollouts advance (``Held.leases``),
+        ``LEASE_RENEWALS`` times per ``reclaim_idle_ms``; hands back what a Redis outage left owed, whether or not
+        the worker takes prompts meanwhile."""
         every = self.settings.reclaim_idle_ms / 1000 / LEASE_RENEWALS
+        lapsed: set[str] = set()
         while True:
             await asyncio.sleep(every)
-            held = list(self._held)
-            if not held:
+            if self._owed:
+                try:
+                    await self._settle_owed()
+                except ConnectionError as exc:
+                    log.warning("%s", exc)
+            kept, stalled = self._held.leases(self.settings.stall_seconds)
+            new = [e for e in stalled if e not in lapsed]
+            if new:
+                log.warning("%d held prompts made no progress for %g s (stall_seconds): their lease lapses, and "
+                            "another replica takes them after reclaim_idle_ms", len(new), self.settings.stall_seconds)
+                metrics.WORKER_LEASES_LAPSED.inc(len(new))
+            lapsed = set(stalled)
+            if not kept:
                 continue
             try:
-                await asyncio.to_thread(self.prompts.renew, held)
+                await asyncio.to_thread(self.prompts.renew, kept)
             except Exception as exc:  # Redis down: tried again at the next renewal
-                log.warning("renewing the lease on %d prompts failed: %s: %s", len(held), type(exc).__name__, exc)
+                log.warning("renewing the lease on %d prompts failed: %s: %s", len(kept), type(exc).__name__, exc)
+
+    # -- dependencies ----------------------------------------------------------------------------------------
+    async def _dependency_down(self, name: str, reason: str) -> None:
+        """``name`` answered UNAVAILABLE: no prompt is taken, and the replica reports not ready, until it answers
+        again (``_probe``)."""
+        if name not in self._down:
+            log.warning("the %s is down (%s): taking no prompt until it answers again", name, reason)
+            metrics.WORKER_DEPENDENCY_DOWN.labels(name).set(1)
+        self._down[name] = reason
+        if self._dependencies.is_set():
+            self._dependencies.clear()
+            if self.report_ready is not None:
+                await self.report_ready(False)
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._probe())
+
+    async def _answers(self, name: str) -> bool:
+        """Whether ``name`` answers a call (an error other than UNAVAILABLE is an answer)."""
+        try:
+            if name == RETRIEVER:
+                await self.policy.search.search(["are you there"], [0])
+            else:
+                await self.scorer.score([])
+        except Unavailable:
+            return False
+        except Exception:  # it answered, with an error of its own
+            pass
+        return True
+
+    async def _probe(self) -> None:
+        while self._down:
+            await asyncio.sleep(self.settings.dependency_probe_seconds)
+            for name in list(self._down):
+                if await self._answers(name):
+                    log.info("the %s answers again: taking prompts", name)
+                    metrics.WORKER_DEPENDENCY_DOWN.labels(name).set(0)
+                    self._down.pop(name, None)
+        self._dependencies.set()
+        if self.report_ready is not None:
+            await self.report_ready(True)
+
+    async def _may_take(self, stop: asyncio.Event) -> bool:
+        """Whether the worker may take a prompt now; when it may not, waits until that may have changed."""
+        for gate in (self.accepting, self._dependencies):
+            if gate is not None and not gate.is_set():
+                await _either(gate, stop)
+                return False
+        return True
 
     async def step(self) -> int:
         """Runs one batch; returns how many prompts it took (0 when the stream was empty)."""
@@ -245,7 +385,8 @@ class RolloutWorker:
             await self._hand_back(deliveries)
             return 0
         for chunk in self._chunks(await self._valid(deliveries)):
-            await self._run_safely(chunk)
+            with progress.tracking(self._held.start([d.entry_id for d in chunk])):
+                await self._run_safely(chunk)
         return len(deliveries)
 
     async def _run_safely(self, deliveries: Sequence[PromptDelivery],
@@ -260,9 +401,14 @@ class RolloutWorker:
                               f"rollout worker error: {type(exc).__name__}: {exc}", "rollout")
 
     async def _hand_back(self, deliveries: Sequence[PromptDelivery]) -> None:
+        """Back to the other workers at once, no delivery counted: work this worker did not do, or that failed
+        through no fault of the prompt's."""
+        if not deliveries:
+            return
         await asyncio.to_thread(self.prompts.hand_back, [d.entry_id for d in deliveries], leave=False)
         for d in deliveries:
-            self._held.pop(d.entry_id, None)
+            self._held.drop(d.entry_id)
+        metrics.WORKER_PROMPTS.labels("handed_back").inc(len(deliveries))
 
     async def _valid(self, deliveries: Sequence[PromptDelivery]) -> list[PromptDelivery]:
         """The deliveries whose tasks the policy accepts; the others are dead-lettered with the reason."""
@@ -304,9 +450,12 @@ class RolloutWorker:
             await self._retry(deliveries, f"rollout failed: {type(exc).__name__}: {exc}", "rollout")
             return
         failed: dict[str, tuple[str, str]] = {}
+        down: set[str] = set()
         for task, t in zip(tasks, trajectories, strict=True):
             if t.status in RETRY:
                 failed.setdefault(task.id, (RETRY[t.status], f"{RETRY[t.status]}: {t.error}"))
+                if t.retriever_down:
+                    down.add(task.id)
         done = [d for d in deliveries if d.message.id not in failed]
         keep = [i for i, task in enumerate(tasks) if task.id not in failed]
         try:
@@ -317,11 +466,16 @@ class RolloutWorker:
                 self.scorer,
                 self.sampling,
             )
+        except Unavailable as exc:
+            await self._hand_back(done)
+            await self._dependency_down(REWARD, str(exc))
+            done = []
         except Exception as exc:
             log.exception("scoring failed; %d prompts are handed back to be tried again", len(done))
             await self._retry(done, f"scoring failed: {type(exc).__name__}: {exc}", "scoring")
             done = []
         else:
+            progress.advanced()
             def produce(pipe: Any) -> None:
                 self.rollouts.produce(rollouts, pipe, producer=self.prompts.consumer)
 
@@ -333,13 +487,16 @@ class RolloutWorker:
                 done = []
             else:
                 for d in done:
-                    self._held.pop(d.entry_id, None)
+                    self._held.drop(d.entry_id)
                 metrics.WORKER_PROMPTS.labels("acked").inc(len(done))
         for d in deliveries:
             if d.message.id not in failed:
                 continue
             kind, reason = failed[d.message.id]
-            if self.settings.on_retrieval_error == "dead_letter" and kind == "retrieval_error":
+            if d.message.id in down:
+                await self._hand_back([d])
+                await self._dependency_down(RETRIEVER, reason)
+            elif self.settings.on_retrieval_error == "dead_letter" and kind == "retrieval_error":
                 await asyncio.to_thread(self._dead_letter, d, reason)
             elif not (self._leaving and kind == "aborted"):  # aborted by the leave: handed back whole, uncounted
                 await self._retry([d], reason, kind)
@@ -358,11 +515,12 @@ class RolloutWorker:
                 await self._leave()
             finally:
                 lease.cancel()
+                if self._probing is not None:
+                    self._probing.cancel()
 
     async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         while not stop.is_set():
-            if self.accepting is not None and not self.accepting.is_set():
-                await _either(self.accepting, stop)
+            if not await self._may_take(stop):
                 continue
             step = asyncio.ensure_future(self.step())
             await asyncio.wait([step, stopped], return_when=asyncio.FIRST_COMPLETED)

@@ -52,37 +52,40 @@ def _push(best: np.ndarray, rows: np.ndarray, q: int, score: float, row: int, k:
 
 
 @_jit
-def _scan(vectors: np.ndarray, queries: np.ndarray, k: int, l2: bool, best: np.ndarray, rows: np.ndarray,
-          first_row: int) -> None:
-    # queries: a multiple of GROUP rows (zero rows pad the last group). best/rows: a min-heap per row of scores
-    # where higher is better (the negated distance for L2).
+def _scan(vectors: np.ndarray, norms: np.ndarray, queries: np.ndarray, k: int, l2: bool, best: np.ndarray,
+          rows: np.ndarray, first_row: int) -> None:
+    # queries: groups of GROUP rows, the last of them GROUP or GROUP - 1 rows (``_padded``): three accumulators
+    # where a call of three queries needs no fourth. best/rows: a min-heap per row of scores where higher is better
+    # (for L2, 2 x.q - |x|^2: the distance less |q|^2, which ranks alike).
     n, d = vectors.shape
+    r = queries.shape[0]
     for b0 in range(0, n, BLOCK):
         b1 = min(n, b0 + BLOCK)
-        for g in range(0, queries.shape[0], GROUP):
+        for g in range(0, r, GROUP):
+            wide = r - g >= GROUP
             for j in range(b0, b1):
                 s0 = np.float32(0.0)
                 s1 = np.float32(0.0)
                 s2 = np.float32(0.0)
                 s3 = np.float32(0.0)
-                if l2:
-                    for t in range(d):
-                        x = vectors[j, t]
-                        e0 = x - queries[g, t]
-                        e1 = x - queries[g + 1, t]
-                        e2 = x - queries[g + 2, t]
-                        e3 = x - queries[g + 3, t]
-                        s0 -= e0 * e0
-                        s1 -= e1 * e1
-                        s2 -= e2 * e2
-                        s3 -= e3 * e3
-                else:
+                if wide:
                     for t in range(d):
                         x = vectors[j, t]
                         s0 += x * queries[g, t]
                         s1 += x * queries[g + 1, t]
                         s2 += x * queries[g + 2, t]
                         s3 += x * queries[g + 3, t]
+                else:
+                    for t in range(d):
+                        x = vectors[j, t]
+                        s0 += x * queries[g, t]
+                        s1 += x * queries[g + 1, t]
+                        s2 += x * queries[g + 2, t]
+                if l2:
+                    s0 = 2 * s0 - norms[j]
+                    s1 = 2 * s1 - norms[j]
+                    s2 = 2 * s2 - norms[j]
+                    s3 = 2 * s3 - norms[j]
                 row = first_row + j
                 if s0 > best[g, 0]:
                     _push(best, rows, g, s0, row, k)
@@ -90,8 +93,27 @@ def _scan(vectors: np.ndarray, queries: np.ndarray, k: int, l2: bool, best: np.n
                     _push(best, rows, g + 1, s1, row, k)
                 if s2 > best[g + 2, 0]:
                     _push(best, rows, g + 2, s2, row, k)
-                if s3 > best[g + 3, 0]:
+                if wide and s3 > best[g + 3, 0]:
                     _push(best, rows, g + 3, s3, row, k)
+
+
+def _padded(queries: np.ndarray) -> np.ndarray:
+    """``queries`` with zero rows after them, so that they split into groups of GROUP rows but the last, which may
+    be GROUP - 1."""
+    r, d = queries.shape
+    width = r if r % GROUP in (0, GROUP - 1) else r + GROUP - 1 - r % GROUP
+    out = np.zeros((width, d), dtype=np.float32)
+    out[:r] = queries
+    return out
+
+
+def _norms(vectors: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+    """Each vector's squared norm, a chunk at a time (a memory-mapped index is not read whole into memory)."""
+    out = np.empty(len(vectors), dtype=np.float32)
+    for start in range(0, len(vectors), chunk):
+        part = vectors[start : start + chunk]
+        out[start : start + chunk] = np.einsum("ij,ij->i", part, part)
+    return out
 
 
 # Compiled on first use (about a second) and cached on disk where numba can write (beside this module, or its
@@ -114,6 +136,8 @@ class FlatScan:
             raise ValueError("vectors must be a C-contiguous n x d float32 array")
         self.vectors = vectors
         self.l2 = metric == "l2"
+        # L2 ranks as 2 x.q - |x|^2, inner products less each vector's squared norm: its norms read once, here.
+        self.norms = _norms(vectors) if self.l2 else np.zeros(0, dtype=np.float32)
         n = len(vectors)
         parts = max(1, min(threads, n))
         self._ranges = [(n * i // parts, n * (i + 1) // parts) for i in range(parts)]
@@ -129,8 +153,7 @@ class FlatScan:
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
         r = len(queries)
-        padded = np.zeros((-(-r // GROUP) * GROUP, d), dtype=np.float32)
-        padded[:r] = queries
+        padded = _padded(np.ascontiguousarray(queries, dtype=np.float32))
         pool = self._pool
         parts = [pool.submit(self._scan_range, padded, k, *span) for span in self._ranges[1:]] if pool else []
         start, end = self._ranges[0]
@@ -140,15 +163,19 @@ class FlatScan:
         order = np.argsort(-best, axis=1, kind="stable")[:, :k]
         best = np.take_along_axis(best, order, axis=1)
         rows = np.take_along_axis(rows, order, axis=1)
-        empty = rows < 0
-        scores = -best if self.l2 else best
-        scores[empty] = np.inf if self.l2 else -np.inf
+        if self.l2:  # FAISS's squared distances: |q|^2 - (2 x.q - |x|^2)
+            scores = np.einsum("ij,ij->i", queries, queries)[:, None].astype(np.float32) - best
+            scores[rows < 0] = np.inf
+        else:
+            scores = best
+            scores[rows < 0] = -np.inf
         return scores, rows
 
     def _scan_range(self, padded: np.ndarray, k: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         best = np.full((len(padded), k), -np.inf, dtype=np.float32)
         rows = np.full((len(padded), k), -1, dtype=np.int64)
-        _scan(self.vectors[start:end], padded, k, self.l2, best, rows, start)
+        _scan(self.vectors[start:end], self.norms[start:end] if self.l2 else self.norms, padded, k, self.l2, best,
+              rows, start)
         return best, rows
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ class ShardSettings(Validated):
         "its own: on a shared or CPU-limited host every parallel region waits for threads that are not running",
     )
     blas_rows_per_thread: int = setting(
-        16,
+        12,
         "flat indexes: a micro-batch of at least this many query rows per search thread is scored with one "
         "matrix product (BLAS), fewer as blocked_scan says; 0 keeps FAISS's own threshold",
     )
