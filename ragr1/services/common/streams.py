@@ -94,6 +94,42 @@ if #mine == 0 then return 0 end
 return #redis.call('XCLAIM', stream, group, me, 0, unpack(mine), 'JUSTID')
 """
 
+# Parks entries pending under ARGV[2] under ARGV[3] (HANDED_BACK), idle ARGV[4] ms (so due when that says), their
+# delivery counts set as ARGV[5] says (1: the delivery they had counts as failed, 0: it does not): the entries
+# ARGV[7..] (ARGV[6] = 'listed'), or every entry pending under ARGV[2] ('all'), which then leaves the group too
+# ('leave'). One script, so that what is moved is what ARGV[2] owns when it is moved: an entry another consumer
+# reclaimed after this one stopped renewing it stays with that consumer (a move would hand it out a third time),
+# and a consumer that leaves removes itself (XGROUP DELCONSUMER drops its pending entries) only once everything it
+# holds, an entry delivered to it an instant before included, is parked. Returns how many entries were parked.
+_PARK = """
+local stream, group, me, parked = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local idle, counted, which = ARGV[4], ARGV[5] == '1', ARGV[6]
+local rows = {}
+if which ~= 'listed' then
+  local start = '-'
+  while true do
+    local page = redis.call('XPENDING', stream, group, start, '+', 1000, me)
+    for _, row in ipairs(page) do rows[#rows + 1] = row end
+    if #page < 1000 then break end
+    start = '(' .. page[#page][1]
+  end
+else
+  for i = 7, #ARGV do
+    local row = redis.call('XPENDING', stream, group, ARGV[i], ARGV[i], 1, me)
+    if #row > 0 then rows[#rows + 1] = row[1] end
+  end
+end
+local moved = 0
+for _, row in ipairs(rows) do
+  local times = row[4]
+  if not counted then times = math.max(0, times - 1) end
+  moved = moved + #redis.call('XCLAIM', stream, group, parked, 0, row[1], 'IDLE', idle, 'RETRYCOUNT', times,
+                               'JUSTID')
+end
+if which == 'leave' then redis.call('XGROUP', 'DELCONSUMER', stream, group, me) end
+return moved
+"""
+
 STREAM_EVENTS = Counter(
     "ragr1_queue_events_total",
     "Queue events by stream and kind (produced, delivered, acked, duplicate, reclaimed, handed_back, retried: handed "
@@ -279,9 +315,11 @@ class StreamQueue(Generic[M]):
         """Hands entries pending under this consumer (``entry_ids``, or all of them) to the other consumers:
         for work this consumer will not finish. The entries are parked under ``HANDED_BACK``, due at once, so
         whichever consumer next calls ``reclaim`` takes them, rather than after its idle threshold; their
-        delivery counts stay as they were (a hand-back is no failed delivery). ``leave``: the consumer is
-        removed from the group too (a replica scaled away), in the same transaction. Returns how many entries
-        were handed back."""
+        delivery counts stay as they were (a hand-back is no failed delivery). An entry that is no longer this
+        consumer's (another reclaimed it) stays with its owner. ``leave``: every entry still pending under this
+        consumer goes back, listed or not, and the consumer is removed from the group (a replica scaled away), in
+        the same script, so that nothing delivered to it is dropped with it. Returns how many entries were
+        handed back."""
         handed = self._park(entry_ids, counted=False, backoff_ms=0, leave=leave)
         if handed:
             log.info("%s: %s handed back %d entries", self.stream, self.consumer, handed)
@@ -303,26 +341,19 @@ class StreamQueue(Generic[M]):
         return retried
 
     def _park(self, entry_ids: Sequence[str] | None, *, counted: bool, backoff_ms: int, leave: bool) -> int:
-        """Moves entries pending under this consumer to ``HANDED_BACK``, due after ``backoff_ms``; ``counted``: the
-        delivery they had counts as a failed one (the next ``reclaim`` adds one), else it does not."""
-        rows = self.redis.xpending_range(self.stream, self.group, min="-", max="+", count=100_000,
-                                         consumername=self.consumer)
-        wanted = None if entry_ids is None else set(entry_ids)
-        by_count: dict[int, list[str]] = {}
-        for row in rows:
-            entry_id = _text(row["message_id"])
-            if wanted is None or entry_id in wanted:
-                by_count.setdefault(int(row["times_delivered"]), []).append(entry_id)
-        pipe = self.redis.pipeline(transaction=True)
-        for times, ids in by_count.items():
-            # XCLAIM counts a delivery unless told the count; the next reclaim counts one more: the real one.
-            pipe.xclaim(self.stream, self.group, HANDED_BACK, 0, ids, idle=_HANDED_BACK_IDLE_MS - backoff_ms,
-                        retrycount=times if counted else max(0, times - 1), justid=True)
-        if leave:
-            pipe.xgroup_delconsumer(self.stream, self.group, self.consumer)
-        if by_count or leave:
-            pipe.execute()
-        return sum(len(ids) for ids in by_count.values())
+        """Moves entries pending under this consumer (``entry_ids``; None or ``leave``: all of them) to
+        ``HANDED_BACK``, due after ``backoff_ms``, in one script (``_PARK``: an entry no longer this consumer's is
+        left where it is); ``counted``: the delivery they had counts as a failed one (the next ``reclaim`` adds
+        one), else it does not; ``leave``: the consumer then leaves the group."""
+        which = "leave" if leave else "all" if entry_ids is None else "listed"
+        ids = list(entry_ids or []) if which == "listed" else []
+        if which == "listed" and not ids:
+            return 0
+        script = self.redis.register_script(_PARK)
+        # XCLAIM counts a delivery unless told the count; the next reclaim counts one more: the real one.
+        return int(script(keys=[self.stream], args=[
+            self.group, self.consumer, HANDED_BACK, _HANDED_BACK_IDLE_MS - backoff_ms, int(counted), which, *ids,
+        ]))
 
     def _claimed(self, entries: Sequence[tuple[Any, Any]]) -> list[Delivery[M]]:
         """Entries this consumer took from others: counted, then accepted with their delivery counts."""
