@@ -338,6 +338,7 @@ def test_a_reclaim_that_finds_nothing_idle_is_one_round_trip_however_much_is_in_
     assert looker.reclaim(min_idle_ms=600_000, count=1) == []
     calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in redis_client.info("commandstats").items()}
     calls.pop("config|resetstat", None)
+    calls.pop("config", None)  # Redis 6.2 names the CONFIG RESETSTAT just made without its subcommand
     # One round trip (the reclaim script), in which one XPENDING finds nothing idle among the thousand.
     assert calls == {"evalsha": 1, "xpending": 1}, calls
     # One handed back (the last one: behind 999 in progress) is taken at the next look, its deliveries counted
