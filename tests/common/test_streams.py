@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from ragr1.services.common.redis_client import connect
 from ragr1.services.common.redis_server import RedisServer
-from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS, StreamQueue
+from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS, Backlog, StreamQueue
 from ragr1.services.trainer.loop import check_rollout
 from ragr1.v1 import common_pb2
 from tests.common import fuzz
@@ -337,6 +338,7 @@ def test_a_reclaim_that_finds_nothing_idle_is_one_round_trip_however_much_is_in_
     assert looker.reclaim(min_idle_ms=600_000, count=1) == []
     calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in redis_client.info("commandstats").items()}
     calls.pop("config|resetstat", None)
+    calls.pop("config", None)  # Redis 6.2 names the CONFIG RESETSTAT just made without its subcommand
     # One round trip (the reclaim script), in which one XPENDING finds nothing idle among the thousand.
     assert calls == {"evalsha": 1, "xpending": 1}, calls
     # One handed back (the last one: behind 999 in progress) is taken at the next look, its deliveries counted
@@ -345,3 +347,105 @@ def test_a_reclaim_that_finds_nothing_idle_is_one_round_trip_however_much_is_in_
     busy.hand_back([entry], leave=False)
     taken = looker.reclaim(min_idle_ms=600_000, count=1)
     assert [(d.entry_id, d.message.id, d.deliveries) for d in taken] == [(entry, "t999", 1)]
+
+
+class Interleaved(redis.Redis):
+    """A client through which another process acts (``between``, once) right after this one's first round trip to
+    Redis: in the middle of whatever the call makes of more than one."""
+
+    between: Callable[[], object] | None = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)
+        finally:
+            if (between := self.between) is not None:
+                self.between = None
+                between()
+
+
+def interleaved(client: redis.Redis, consumer: str) -> tuple[Interleaved, StreamQueue[common_pb2.PromptTask]]:
+    through = Interleaved(connection_pool=client.connection_pool)
+    # A script Redis has not loaded costs the call a first round trip (EVALSHA answered NOSCRIPT) before the one
+    # that runs it: ``between`` then falls between them, where the call has looked at nothing yet.
+    client.script_flush()
+    return through, StreamQueue(through, PROMPTS, common_pb2.PromptTask, group="workers", consumer=consumer)
+
+
+def pending_under(client: redis.Redis) -> dict[str, str]:
+    return {r["message_id"].decode(): r["consumer"].decode()
+            for r in client.xpending_range(PROMPTS, "workers", "-", "+", 100)}
+
+
+def test_an_entry_reclaimed_by_another_consumer_during_a_hand_back_stays_with_it_and_runs_no_third_time(
+    redis_client: redis.Redis,
+) -> None:
+    """A consumer paused past the reclaim threshold hands back what it holds just as another consumer reclaims one
+    of those entries. The hand-back moves only what is still its own: the entry the other took stays with it (a
+    hand-back that read its list first and moved it after put it out for a third run), and its own goes back."""
+    threshold_ms = 1000
+    through, a = interleaved(redis_client, "a")
+    a.ensure_group()
+    a.produce([common_pb2.PromptTask(id="slow", question="q")])
+    (slow,) = a.consume(1)
+    time.sleep(threshold_ms * 1.2 / 1000)  # a stopped renewing its lease on it (paused)
+    a.produce([common_pb2.PromptTask(id="fresh", question="q")])
+    (fresh,) = a.consume(1)
+    b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b")
+    stolen: list[Any] = []
+    through.between = lambda: stolen.extend(b.reclaim(threshold_ms, 10))
+    handed = a.hand_back(leave=False)
+    assert [(d.message.id, d.deliveries) for d in stolen] == [("slow", 2)]  # b took it in the middle: its 2nd run
+    assert handed == 1  # a's own entry only
+    assert pending_under(redis_client) == {slow.entry_id: "b", fresh.entry_id: HANDED_BACK}
+    c = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="c")
+    assert [(d.message.id, d.deliveries) for d in c.reclaim(threshold_ms, 10)] == [("fresh", 1)]
+    assert pending_under(redis_client) == {slow.entry_id: "b", fresh.entry_id: "c"}
+    # Nor does a retry of it, nor a hand-back naming it, take it from b.
+    assert a.retry([slow.entry_id], backoff_ms=0) == 0 and a.hand_back([slow.entry_id], leave=False) == 0
+    assert pending_under(redis_client) == {slow.entry_id: "b", fresh.entry_id: "c"}
+
+
+def test_a_consumer_that_leaves_hands_back_an_entry_delivered_to_it_while_it_left(redis_client: redis.Redis) -> None:
+    """A worker leaves as a prompt is delivered to it (its taking and its leaving cross): the entry goes back with
+    the others. A leave that listed its entries, then removed the consumer (XGROUP DELCONSUMER drops what it
+    holds), lost an entry delivered in between: neither pending nor waiting, never delivered again."""
+    through, a = interleaved(redis_client, "a")
+    a.ensure_group()
+    a.produce([common_pb2.PromptTask(id="held", question="q"), common_pb2.PromptTask(id="late", question="q")])
+    (held,) = a.consume(1)
+    taking = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="a")
+    late: list[Any] = []
+    through.between = lambda: late.extend(taking.consume(1))
+    handed = a.hand_back()
+    assert [d.message.id for d in late] == ["late"]  # delivered to a in the middle of its leaving
+    assert handed == 2
+    assert [c["name"] for c in redis_client.xinfo_consumers(PROMPTS, "workers")] == [HANDED_BACK.encode()]
+    assert a.backlog() == Backlog(waiting=2, in_progress=0, holders=0)
+    b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b")
+    assert [(d.message.id, d.deliveries) for d in b.reclaim(600_000, 10)] == [("held", 1), ("late", 1)]
+    assert pending_under(redis_client) == {held.entry_id: "b", late[0].entry_id: "b"}
+
+
+def test_a_hand_back_is_one_round_trip_so_nothing_comes_between_its_look_and_its_moves(
+    redis_client: redis.Redis,
+) -> None:
+    """Handing back, retrying and leaving each look at what the consumer holds and move it in one script."""
+    a = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="a")
+    a.ensure_group()
+    a.produce([common_pb2.PromptTask(id=f"t{i}", question="q") for i in range(4)])
+    first, second, _, _ = a.consume(4)
+    assert a.hand_back([first.entry_id], leave=False) == 1  # the script loaded into Redis
+
+    def commands(call: Callable[[], int], moved: int) -> set[str]:
+        redis_client.config_resetstat()
+        assert call() == moved
+        calls = {k.removeprefix("cmdstat_").split("|")[0]: v["calls"]
+                 for k, v in redis_client.info("commandstats").items()}
+        calls.pop("config", None)
+        assert calls.pop("evalsha") == 1, calls  # the one round trip; the rest ran inside it
+        return set(calls)
+
+    assert commands(lambda: a.retry([second.entry_id], backoff_ms=0), 1) == {"xpending", "xclaim"}
+    assert commands(a.hand_back, 2) == {"xpending", "xclaim", "xgroup"}
+    assert [c["name"] for c in redis_client.xinfo_consumers(PROMPTS, "workers")] == [HANDED_BACK.encode()]

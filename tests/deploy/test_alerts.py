@@ -14,8 +14,11 @@ from typing import Any
 import helm_python
 import yaml
 
+from ragr1.services.common import fleet
+from ragr1.services.common.streams import Backlog
 from ragr1.services.trainer.config import HealthSettings, PPOConfig
 from ragr1.services.trainer.health import ALARMS, thresholds
+from ragr1.services.trainer.publisher import StrandedAlarm
 from tests.deploy.charts import EVERYTHING_ON, container, render
 from tests.deploy.compose import config as compose_config
 from tests.deploy.conftest import CHART, ROOT, tool
@@ -159,8 +162,8 @@ def test_a_rule_that_stopped_firing_would_fail_its_promtool_test(tmp_path: Path)
 def test_the_stranded_alert_fires_when_the_trainer_says_prompts_are_stranded_past_its_threshold(
     tmp_path: Path,
 ) -> None:
-    """The trainer counts how long prompts have had no replica taking them (``StrandedAlarm``: none serving or
-    loading; tests/trainer/test_publisher.py) and exports its threshold: a fleet scaled up from zero whose pods
+    """The trainer counts how long prompts have had no replica taking them (``StrandedAlarm``: none
+    serving; tests/trainer/test_publisher.py) and exports its threshold: a fleet scaled up from zero whose pods
     take nineteen minutes to load stays silent, a fleet stranded past the threshold (every replica refused, say)
     fires, and a trainer with the alarm off exports no threshold and never fires."""
     stranded = "Ragr1PromptsStranded"
@@ -186,6 +189,38 @@ def test_the_stranded_alert_fires_when_the_trainer_says_prompts_are_stranded_pas
               "alert_rule_test": [{"eval_time": f"{m}m", "alertname": a, "exp_alerts": e} for m, a, e in checks]}
              for series, checks in cases]
     spec = tmp_path / "fleet.test.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests},
+                                   sort_keys=False))
+    result = subprocess.run([tool("promtool"), "test", "rules", str(spec)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_stranded_alert_fires_for_a_fleet_that_keeps_refusing_a_version(tmp_path: Path) -> None:
+    """From the replicas' reports to the alert: every replica refused v3 and tries it again, reporting loading,
+    then refused, in turn, while prompts wait. The trainer's count (``StrandedAlarm`` on those reports, read once
+    a minute as Prometheus scrapes it) is the series promtool evaluates the rule on: it fires at the threshold
+    (a count that a loading replica started again never reached it)."""
+    stranded = "Ragr1PromptsStranded"
+    threshold = next(f.default for f in dataclasses.fields(PPOConfig) if f.name == "prompts_stranded_seconds")
+    assert isinstance(threshold, float) and threshold % 60 == 0
+    minutes = int(threshold // 60)
+    now = [0.0]
+    alarm = StrandedAlarm(threshold, lambda: now[0])
+    waiting = Backlog(waiting=3, in_progress=1, holders=0)  # the one in progress: held by a replica gone
+    cycle = (fleet.REFUSED, fleet.LOADING)
+    scraped = []
+    for minute in range(minutes + 3):
+        now[0] = 60.0 * minute
+        reports = [fleet.ReplicaReport(f"policy-{i}", 2, cycle[(minute + i) % 2], target=3) for i in range(2)]
+        scraped.append(alarm.observe(waiting, reports))
+    series = [_series("ragr1_trainer_alarm_threshold", f"{threshold}x{minutes + 2}", 'alarm="prompts_stranded"'),
+              _series("ragr1_trainer_prompts_stranded_seconds", " ".join(f"{v:g}" for v in scraped))]
+    checks = [(minutes - 1, []), (minutes, [_expected(stranded, threshold, group="ragr1-fleet")]),
+              (minutes + 2, [_expected(stranded, threshold + 120, group="ragr1-fleet")])]
+    tests = [{"interval": "1m", "input_series": series,
+              "alert_rule_test": [{"eval_time": f"{m}m", "alertname": stranded, "exp_alerts": e} for m, e in checks]}]
+    spec = tmp_path / "refusing.test.yml"
     spec.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests},
                                    sort_keys=False))
     result = subprocess.run([tool("promtool"), "test", "rules", str(spec)], capture_output=True, text=True,

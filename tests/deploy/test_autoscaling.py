@@ -19,7 +19,7 @@ from tests.deploy.charts import NAMESPACE, Render, env, render
 
 PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 ON = {"policy": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6, "promptsPerReplica": 24,
-                                 "prometheusAddress": PROMETHEUS}}}
+                                 "prometheusAddress": PROMETHEUS, "kedaVersion": "2.17.0"}}}
 
 
 def kinds(objects: Render, *wanted: str) -> list[tuple[str, str]]:
@@ -179,3 +179,56 @@ def test_min_replicas_above_max_is_refused(chart: helm_python.Chart) -> None:
                                                     r"policy\.autoscaling\.maxReplicas \(6\)"):
         render(chart, {"policy": {"autoscaling": {**ON["policy"]["autoscaling"], "minReplicas": 7, "maxReplicas": 6}}})
     render(chart, {"policy": {"autoscaling": {**ON["policy"]["autoscaling"], "minReplicas": 0, "maxReplicas": 1}}})
+
+
+def test_kedas_target_is_the_prompts_a_replica_runs_at_once_not_its_trajectories(chart: helm_python.Chart) -> None:
+    """The backlog KEDA divides counts prompts, and each prompt is a group of the trainer's samples per prompt run on
+    one replica: with 8 samples a prompt and 64 sequences an engine, a replica runs 8 prompts, and a target of 64
+    (its trajectories) kept the fleet 8 times too small while prompts waited. The trainer is passed the same value."""
+    auto = {**ON["policy"]["autoscaling"], "promptsPerReplica": 0}
+    cases = [  # (samplesPerPrompt, maxInFlight, maxNumSeqs) -> prompts per replica
+        ((1, 0, 64), 64), ((8, 0, 64), 8), ((3, 0, 64), 21), ((8, 16, 64), 2), ((100, 0, 64), 1), ((64, 0, 64), 1),
+    ]
+    for (samples, in_flight, seqs), prompts in cases:
+        objects = render(chart, {"policy": {"maxInFlight": in_flight, "maxNumSeqs": seqs, "autoscaling": auto},
+                                 "trainer": {"samplesPerPrompt": samples}})
+        assert triggers(objects)["prompts"]["threshold"] == str(prompts), (samples, in_flight, seqs)
+        args = objects[("Deployment", "ragr1-trainer")]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--samples-per-prompt") + 1] == str(samples)
+    # What KEDA asks for: 40 prompts waiting at 8 samples each on 64-sequence engines fill five replicas.
+    objects = render(chart, {"policy": {"autoscaling": {**auto, "maxReplicas": 100}},
+                             "trainer": {"samplesPerPrompt": 8}})
+    assert desired(objects, {"prompts": 40, "holders": 0}) == 5
+    # An explicit target is taken as it is.
+    assert triggers(render(chart, {**ON, "trainer": {"samplesPerPrompt": 8}}))["prompts"]["threshold"] == "24"
+
+
+def test_the_samples_per_prompt_are_set_once_for_the_trainer_and_the_target(chart: helm_python.Chart) -> None:
+    """The flag in trainer.extraArgs would change the trainer and leave KEDA's target at another value: refused."""
+    for extra in (["--samples-per-prompt", "4"], ["--samples-per-prompt=4"]):
+        with pytest.raises(helm_python.HelmError, match=r"trainer\.extraArgs sets --samples-per-prompt: set "
+                                                        r"trainer\.samplesPerPrompt instead"):
+            render(chart, {**ON, "trainer": {"extraArgs": extra}})
+    render(chart, {**ON, "trainer": {"extraArgs": ["--batch-size", "32"]}})
+
+
+def test_the_chart_needs_keda_2_17_for_its_fallback_and_says_so(chart: helm_python.Chart) -> None:
+    """fallback.behavior came with KEDA 2.17: an older KEDA drops it without a word, and a busy fleet would fall to
+    max(1, minReplicas) replicas while the trainer restarts. The operator states the KEDA installed; an older one,
+    or none, is refused with what to do; 2.17 and later render the field."""
+    auto = ON["policy"]["autoscaling"]
+    for older in ("2.15.0", "2.16.2", "v2.16.0", "2.16"):
+        said = (rf"policy\.autoscaling\.kedaVersion is {re.escape(older)}, but the ScaledObject needs KEDA 2\.17 or "
+                r"later: its fallback\.behavior")
+        with pytest.raises(helm_python.HelmError, match=said):
+            render(chart, {"policy": {"autoscaling": {**auto, "kedaVersion": older}}})
+    with pytest.raises(helm_python.HelmError, match=r"policy\.autoscaling\.kedaVersion is required with "
+                                                    r"policy\.autoscaling\.enabled"):
+        render(chart, {"policy": {"autoscaling": {**auto, "kedaVersion": ""}}})
+    with pytest.raises(helm_python.HelmError, match=r"/policy/autoscaling/kedaVersion"):
+        render(chart, {"policy": {"autoscaling": {**auto, "kedaVersion": "latest"}}})
+    for newer in ("2.17.0", "2.17", "v2.18.1", "2.17.0-rc1", "3.0.0"):
+        objects = render(chart, {"policy": {"autoscaling": {**auto, "kedaVersion": newer}}})
+        assert scaled_object(objects)["spec"]["fallback"]["behavior"] == "currentReplicasIfHigher", newer
+    assert kinds(render(chart, {"policy": {"autoscaling": {**auto, "enabled": False, "kedaVersion": ""}}}),
+                 "ScaledObject") == []  # asked only of a chart that renders the ScaledObject

@@ -40,19 +40,19 @@ from tests.deploy.conftest import CHART, ragr1_invocations
 
 Leaf = tuple[str, ...]
 
-# The values every leaf is changed on: the defaults (plus three values that do nothing while their switch
+# The values every leaf is changed on: the defaults (plus the values that do nothing while their switch
 # is off, so that turning tls, the external Redis or the autoscaler on renders) and everything optional
 # turned on (TLS and mTLS, the RayJob trainer, an external Redis, the models volume, a corpus), where the
 # values behind those switches take effect.
 BASES: dict[str, dict[str, Any]] = {
     "defaults": {"tls": {"secretName": "ragr1-tls"}, "redis": {"url": "redis://redis.example:6379/0"},
-                 "policy": {"autoscaling": {"prometheusAddress": "http://prometheus:9090"}}},
+                 "policy": {"autoscaling": {"prometheusAddress": "http://prometheus:9090", "kedaVersion": "2.17.0"}}},
     "everything": {
         **copy.deepcopy(EVERYTHING_ON),
         "trainer": {"ray": {"enabled": True}},
         "redis": {"enabled": False, "url": "rediss://:secret@redis.example:6379/0"},
         "index": {"corpus": {"input": ["/models/corpus.jsonl.gz"]}},
-        "policy": {"autoscaling": {"prometheusAddress": "http://prometheus:9090"}},
+        "policy": {"autoscaling": {"prometheusAddress": "http://prometheus:9090", "kedaVersion": "2.17.0"}},
     },
 }
 
@@ -197,6 +197,7 @@ def nested(leaf: Leaf, value: Any) -> dict[str, Any]:
 
 QUANTITIES = ["3Gi", "5Gi"]
 URLS = ["rediss://:other@redis.other:6380/1", "redis://redis.other:6380/1"]
+VERSIONS = ["2.18.0", "2.19.1"]
 
 
 def changed(leaf: Leaf, node: dict[str, Any], current: Any, root: dict[str, Any]) -> Any:
@@ -211,7 +212,7 @@ def changed(leaf: Leaf, node: dict[str, Any], current: Any, root: dict[str, Any]
         return not current
     if "pattern" in node:
         pattern = re.compile(node["pattern"])
-        return next(v for v in QUANTITIES + URLS if v != current and pattern.search(v))
+        return next(v for v in QUANTITIES + URLS + VERSIONS if v != current and pattern.search(v))
     if "integer" in kinds:
         bigger = (current or 0) + 1
         return bigger if bigger <= node.get("maximum", bigger) else current - 1

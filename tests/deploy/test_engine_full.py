@@ -1,6 +1,7 @@
 """No deployment's default keeps a policy replica's engine below its batch: each runs its rollout worker with
 ``max_in_flight`` 0 (as many trajectories as the engine runs at once) or a cap of at least ``max_num_seqs``, and
-KEDA's target gives a replica no fewer prompts than that. The settings are resolved as the policy resolves its
+KEDA's target gives a replica the prompts that bring that many trajectories (the trainer's samples per prompt
+each). The settings are resolved as the policy resolves its
 own (``PolicyConfig`` from flags and RAGR1_* variables) from the rendered chart, the compose files (CPU and the
 GPU overlay) and the service specs `ragr1 up` starts."""
 
@@ -15,6 +16,7 @@ import yaml
 
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.policy.streaming import resolve_max_in_flight
+from ragr1.services.trainer.config import PPOConfig
 from ragr1.stack import wiring
 from ragr1.stack.config import UpConfig
 from ragr1.stack.scale import replica_name
@@ -47,23 +49,41 @@ def chart_policy(values: dict[str, Any]) -> tuple[PolicyConfig, dict[str, Any]]:
     return settings(PolicyConfig, flags(chart_argv(c)), env(c)), objects
 
 
+def trainer_samples(objects: dict[Any, Any]) -> int:
+    """The trainer's samples per prompt, as it parses its rendered command line."""
+    trainer = container(objects, "Deployment", "trainer")
+    return int(settings(PPOConfig, flags(chart_argv(trainer)), env(trainer)).samples_per_prompt)
+
+
 def values_file(name: str) -> dict[str, Any]:
     return yaml.safe_load((CHART / name).read_text()) if name else {}
 
 
+@pytest.mark.parametrize("samples", [None, 4])
 @pytest.mark.parametrize("values", ["", "values-cpu.yaml", "values-wikipedia.yaml"])
-def test_the_chart_keeps_every_engine_full_and_keda_gives_each_replica_a_batch_of_work(values: str) -> None:
+def test_the_chart_keeps_every_engine_full_and_keda_gives_each_replica_a_batch_of_work(
+    values: str, samples: int | None
+) -> None:
     chosen = values_file(values)
     config, _ = chart_policy(chosen)
     assert config.max_in_flight == 0 and not below_its_batch(config), (config.max_in_flight, config.max_num_seqs)
 
     autoscaled = {**chosen, "policy": {**chosen.get("policy", {}), "autoscaling": {
-        **chosen.get("policy", {}).get("autoscaling", {}), "enabled": True, "prometheusAddress": PROMETHEUS}}}
+        **chosen.get("policy", {}).get("autoscaling", {}), "enabled": True, "prometheusAddress": PROMETHEUS,
+        "kedaVersion": "2.17.0"}}}
+    if samples is not None:
+        autoscaled["trainer"] = {**chosen.get("trainer", {}), "samplesPerPrompt": samples}
     config, objects = chart_policy(autoscaled)
     (scaler,) = [obj for (kind, _), obj in objects.items() if kind == "ScaledObject"]
     (prompts,) = [t for t in scaler["spec"]["triggers"] if t["name"] == "prompts"]
-    # A prompt brings one trajectory or more: this many prompts keep the largest batch the engine can run busy.
-    assert int(prompts["metadata"]["threshold"]) >= running(config, config.max_num_seqs)
+    # The target is in prompts, as the trainer's backlog counts them, and each brings the trainer's samples per
+    # prompt (its group, run on one replica): the most prompts whose trajectories fit the largest batch the worker
+    # runs, one at least. Fewer would start replicas whose engines stay part-empty; more (the trajectories
+    # themselves) left a fleet samples-per-prompt times too small while prompts waited.
+    per_prompt = trainer_samples(objects)
+    assert per_prompt == (samples or 1)
+    batch = running(config, config.max_num_seqs)
+    assert int(prompts["metadata"]["threshold"]) == max(1, batch // per_prompt), (batch, per_prompt)
 
 
 def test_a_cap_below_the_batch_is_what_the_check_finds() -> None:

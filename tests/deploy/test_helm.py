@@ -47,7 +47,7 @@ def pod_specs(objects: Render) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{name}-{group['groupName']}", group["template"]["spec"]
 
 
-AUTOSCALING = {"enabled": True, "prometheusAddress": "http://prometheus:9090"}
+AUTOSCALING = {"enabled": True, "prometheusAddress": "http://prometheus:9090", "kedaVersion": "2.17.0"}
 
 
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, {"trainer": {"ray": {"enabled": True}}},
@@ -398,6 +398,8 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys(chart: helm_python.C
         ({"policy": {"autoscaling": {"enabled": "yes"}}}, "at '/policy/autoscaling/enabled': got string, want boolean"),
         ({"policy": {"autoscaling": {"maxReplicas": 0}}}, "at '/policy/autoscaling/maxReplicas': minimum"),
         ({"policy": {"autoscaling": {"promptsPerReplica": -1}}}, "at '/policy/autoscaling/promptsPerReplica': minimum"),
+        ({"policy": {"autoscaling": {"kedaVersion": "latest"}}}, "at '/policy/autoscaling/kedaVersion': 'latest'"),
+        ({"trainer": {"samplesPerPrompt": 0}}, "at '/trainer/samplesPerPrompt': minimum"),
         ({"policy": {"maxNumSeqs": 0}}, "at '/policy/maxNumSeqs': minimum"),
         ({"policy": {"maxInFlight": -1}}, "at '/policy/maxInFlight': minimum"),
         ({"policy": {"maxInFlight": "auto"}}, "at '/policy/maxInFlight': got string, want integer"),

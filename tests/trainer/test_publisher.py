@@ -174,9 +174,10 @@ def stranded() -> float | None:
 def test_prompts_are_stranded_only_while_no_replica_takes_prompts(
     redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On real stream states and replica reports: a fleet scaled up from zero strands nothing once a replica loads
-    the weights, however long its pod took to come; a fleet whose every replica refused the weights, or never got
-    past its start, strands the prompts, and past the threshold the trainer says so once."""
+    """On real stream states and replica reports: a fleet scaled up from zero strands nothing once a replica has
+    loaded the weights, however long its pod took to come (while it loads them it takes no prompt); a fleet whose
+    every replica refused the weights, or never got past its start, strands the prompts, and past the threshold the
+    trainer says so once."""
     prompts = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group=WORKERS)
     prompts.ensure_group()
     clock = Clock()
@@ -192,10 +193,13 @@ def test_prompts_are_stranded_only_while_no_replica_takes_prompts(
     clock.now = 500  # the pods are scheduled and their engines load: still no replica reports
     assert observe() == 500 and stranded() == 500
     report(redis_client, "policy-0", 0, fleet.LOADING, target=3)
-    clock.now = 700  # past the threshold, but a replica loads the weights: it takes prompts next
+    clock.now = 550  # a replica has started and loads the weights: no prompt taken until they are in
+    assert observe() == 550 and stranded() == 550
+    report(redis_client, "policy-0", 3, fleet.SERVING)
+    clock.now = 700  # longer than the threshold since the prompt came, but a replica serves: it takes prompts
     assert observe() == 0
     # Then every replica refuses the weights (or none gets past starting): the prompts are stranded again.
-    report(redis_client, "policy-0", 2, fleet.REFUSED, target=3, reason="digest")
+    report(redis_client, "policy-0", 3, fleet.REFUSED, target=4, reason="digest")
     report(redis_client, "policy-1", 0, fleet.STARTING)
     assert observe() == 0
     clock.now = 1000
@@ -206,6 +210,39 @@ def test_prompts_are_stranded_only_while_no_replica_takes_prompts(
         clock.now = 1400
         observe()
     (said,) = [r.getMessage() for r in caplog.records]
-    assert "1 prompts have waited or been in progress for 600 s" in said and "refused v3: digest" in said
-    report(redis_client, "policy-1", 3, fleet.SERVING)
+    assert "1 prompts have waited or been in progress for 600 s" in said and "refused v4: digest" in said
+    report(redis_client, "policy-1", 4, fleet.SERVING)
     assert observe() == 0 and stranded() == 0
+
+
+def test_a_fleet_that_keeps_refusing_a_version_strands_its_prompts_though_each_retry_loads_it_again(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every replica refused v3 and tries it again every refusal_retry_seconds, reporting loading, then refused
+    again: the retries take no prompt, so they do not start the count again (it counted a loading replica as
+    taking prompts, and a fleet refusing a version for good never reached the threshold)."""
+    prompts = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group=WORKERS)
+    prompts.ensure_group()
+    prompts.produce([common_pb2.PromptTask(id="p0", question="q?")])
+    clock = Clock()
+    alarm = StrandedAlarm(600, clock)
+    names = ("policy-0", "policy-1")
+
+    def observe() -> float:
+        return alarm.observe(prompts.backlog(), fleet.replicas(redis_client))
+
+    for name in names:
+        report(redis_client, name, 2, fleet.SERVING)
+    assert observe() == 0
+    seen, cycle = [], (fleet.REFUSED, fleet.LOADING)
+    with caplog.at_level("WARNING"):
+        for step in range(1, 31):  # a report every 30 s, each replica refused, then loading v3 again, in turn
+            for i, name in enumerate(names):
+                state = cycle[(step + i) % 2]
+                report(redis_client, name, 2, state, target=3, reason="digest" if state == fleet.REFUSED else "")
+            clock.now = 30.0 * step
+            seen.append(observe())
+    assert seen == [30.0 * (step - 1) for step in range(1, 31)]  # from the first refusal on, never reset
+    assert stranded() == 870
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "1 prompts have waited or been in progress for 600 s" in said and "loading v3" in said

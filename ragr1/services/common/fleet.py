@@ -37,8 +37,9 @@ ANNOUNCEMENTS_KEPT = 100
 # serving (taking prompts), refused (the newest version could not be loaded: no prompts, NOT_SERVING).
 STARTING, LOADING, SERVING, REFUSED = "starting", "loading", "serving", "refused"
 STATES = (STARTING, LOADING, SERVING, REFUSED)
-# States in which a replica takes prompts, so makes rollouts with the version it serves (a loading replica
-# finishes the rollouts it holds on the old weights first).
+# States in which a replica makes rollouts with the version it serves: serving, or loading a newer one while the
+# rollouts it holds finish on the old weights. Only a serving replica takes prompts (``ReplicaReport.takes_prompts``):
+# a loading one takes none until the load is done, and a refused one goes back to loading at each retry.
 GENERATING = (SERVING, LOADING)
 
 # Appends an announcement unless the stream's last one is of this version or a newer one, in one step, so
@@ -155,6 +156,10 @@ class ReplicaReport:
     @property
     def generating(self) -> bool:
         return self.state in GENERATING
+
+    @property
+    def takes_prompts(self) -> bool:
+        return self.state == SERVING
 
     def describe(self) -> str:
         if self.state == REFUSED:

@@ -29,7 +29,7 @@ import redis
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
-from ragr1.services.common import ports
+from ragr1.services.common import ports, stream_scripts
 from ragr1.services.common.config import Validated, setting
 from ragr1.services.common.redis_client import RedisTLS, connect
 
@@ -50,49 +50,6 @@ HANDED_BACK = "handed-back"
 _HANDED_BACK_IDLE_MS = 10**12
 # The longest backoff ``retry`` accepts: the parked entries' idle times stay far above any reclaim threshold.
 MAX_BACKOFF_MS = 24 * 3600 * 1000
-
-# Claims for ARGV[2] up to ARGV[4] entries of the group ARGV[1] idle at least ARGV[3] ms, in entry order: the dead
-# consumers' (and this consumer's own that it no longer renews), and those parked under ARGV[5] once due (idle at
-# least ARGV[6] ms), never one parked there still backing off. One script, so that nothing is claimed by another
-# consumer, nor renewed by its owner, between the look and the claim. Returns the XCLAIM reply (which counts the
-# delivery; an entry deleted from the stream meanwhile comes back as nil on Redis 6.2, not at all on 7.0) and,
-# flat, each entry taken from a consumer other than ARGV[5] with that consumer.
-_RECLAIM = """
-local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
-local min_idle, count, parked, due = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-local ids, owners, start = {}, {}, '-'
-while #ids < count do
-  local rows = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', 100)
-  for _, row in ipairs(rows) do
-    if row[2] ~= parked or row[3] >= due then
-      ids[#ids + 1] = row[1]
-      if row[2] ~= parked then
-        owners[#owners + 1] = row[1]
-        owners[#owners + 1] = row[2]
-      end
-      if #ids >= count then break end
-    end
-  end
-  if #rows < 100 then break end
-  start = '(' .. rows[#rows][1]
-end
-if #ids == 0 then return {{}, {}} end
-return {redis.call('XCLAIM', stream, group, me, min_idle, unpack(ids)), owners}
-"""
-
-# Renews the lease of ARGV[2] on the entries ARGV[3..] that are still pending under it (XCLAIM JUSTID: the idle
-# time starts again from 0, no delivery counted); an entry another consumer took meanwhile stays with it.
-# Returns how many were renewed.
-_RENEW = """
-local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
-local mine = {}
-for i = 3, #ARGV do
-  local row = redis.call('XPENDING', stream, group, ARGV[i], ARGV[i], 1, me)
-  if #row > 0 then mine[#mine + 1] = ARGV[i] end
-end
-if #mine == 0 then return 0 end
-return #redis.call('XCLAIM', stream, group, me, 0, unpack(mine), 'JUSTID')
-"""
 
 STREAM_EVENTS = Counter(
     "ragr1_queue_events_total",
@@ -237,7 +194,7 @@ class StreamQueue(Generic[M]):
         """Takes over entries left unacknowledged for ``min_idle_ms`` (a dead consumer's: a live one renews what it
         works on) and entries handed back once they are due (``hand_back``: at once; ``retry``: after their
         backoff), whatever ``min_idle_ms``; in entry order, each delivery counted."""
-        script = self.redis.register_script(_RECLAIM)
+        script = self.redis.register_script(stream_scripts.RECLAIM)
         claimed, owners = script(keys=[self.stream], args=[self.group, self.consumer, min_idle_ms, count,
                                                            HANDED_BACK, _HANDED_BACK_IDLE_MS])
         # A script's reply is Redis's raw one: each entry an id and its fields as a flat list.
@@ -259,7 +216,7 @@ class StreamQueue(Generic[M]):
         handed back, taken by another) is left as it is. Returns how many were renewed."""
         if not entry_ids:
             return 0
-        script = self.redis.register_script(_RENEW)
+        script = self.redis.register_script(stream_scripts.RENEW)
         return int(script(keys=[self.stream], args=[self.group, self.consumer, *entry_ids]))
 
     def take_over(self, count: int = 1000) -> list[Delivery[M]]:
@@ -279,9 +236,11 @@ class StreamQueue(Generic[M]):
         """Hands entries pending under this consumer (``entry_ids``, or all of them) to the other consumers:
         for work this consumer will not finish. The entries are parked under ``HANDED_BACK``, due at once, so
         whichever consumer next calls ``reclaim`` takes them, rather than after its idle threshold; their
-        delivery counts stay as they were (a hand-back is no failed delivery). ``leave``: the consumer is
-        removed from the group too (a replica scaled away), in the same transaction. Returns how many entries
-        were handed back."""
+        delivery counts stay as they were (a hand-back is no failed delivery). An entry that is no longer this
+        consumer's (another reclaimed it) stays with its owner. ``leave``: every entry still pending under this
+        consumer goes back, listed or not, and the consumer is removed from the group (a replica scaled away), in
+        the same script, so that nothing delivered to it is dropped with it. Returns how many entries were
+        handed back."""
         handed = self._park(entry_ids, counted=False, backoff_ms=0, leave=leave)
         if handed:
             log.info("%s: %s handed back %d entries", self.stream, self.consumer, handed)
@@ -303,26 +262,19 @@ class StreamQueue(Generic[M]):
         return retried
 
     def _park(self, entry_ids: Sequence[str] | None, *, counted: bool, backoff_ms: int, leave: bool) -> int:
-        """Moves entries pending under this consumer to ``HANDED_BACK``, due after ``backoff_ms``; ``counted``: the
-        delivery they had counts as a failed one (the next ``reclaim`` adds one), else it does not."""
-        rows = self.redis.xpending_range(self.stream, self.group, min="-", max="+", count=100_000,
-                                         consumername=self.consumer)
-        wanted = None if entry_ids is None else set(entry_ids)
-        by_count: dict[int, list[str]] = {}
-        for row in rows:
-            entry_id = _text(row["message_id"])
-            if wanted is None or entry_id in wanted:
-                by_count.setdefault(int(row["times_delivered"]), []).append(entry_id)
-        pipe = self.redis.pipeline(transaction=True)
-        for times, ids in by_count.items():
-            # XCLAIM counts a delivery unless told the count; the next reclaim counts one more: the real one.
-            pipe.xclaim(self.stream, self.group, HANDED_BACK, 0, ids, idle=_HANDED_BACK_IDLE_MS - backoff_ms,
-                        retrycount=times if counted else max(0, times - 1), justid=True)
-        if leave:
-            pipe.xgroup_delconsumer(self.stream, self.group, self.consumer)
-        if by_count or leave:
-            pipe.execute()
-        return sum(len(ids) for ids in by_count.values())
+        """Moves entries pending under this consumer (``entry_ids``; None or ``leave``: all of them) to
+        ``HANDED_BACK``, due after ``backoff_ms``, in one script (``stream_scripts.PARK``: an entry no longer this
+        consumer's is left where it is); ``counted``: the delivery they had counts as a failed one (the next
+        ``reclaim`` adds one), else it does not; ``leave``: the consumer then leaves the group."""
+        which = "leave" if leave else "all" if entry_ids is None else "listed"
+        ids = list(entry_ids or []) if which == "listed" else []
+        if which == "listed" and not ids:
+            return 0
+        script = self.redis.register_script(stream_scripts.PARK)
+        # XCLAIM counts a delivery unless told the count; the next reclaim counts one more: the real one.
+        return int(script(keys=[self.stream], args=[
+            self.group, self.consumer, HANDED_BACK, _HANDED_BACK_IDLE_MS - backoff_ms, int(counted), which, *ids,
+        ]))
 
     def _claimed(self, entries: Sequence[tuple[Any, Any]]) -> list[Delivery[M]]:
         """Entries this consumer took from others: counted, then accepted with their delivery counts."""

@@ -291,7 +291,8 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
     prompts_stranded_seconds: float = setting(
         1200.0,
         "prompts-stranded alarm: prompts waiting or in progress while no policy replica takes prompts (none "
-        "reports serving or loading) for this long; 0 = off",
+        "reports serving: a replica loading a version, or retrying one it refused, takes none) for this long; "
+        "0 = off",
     )
     num_workers: int = setting(1, "data-parallel workers; > 1 runs each update under Ray Train")
 

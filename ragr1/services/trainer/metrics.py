@@ -112,8 +112,8 @@ FLEET_REPLICAS = Gauge(
 )
 FLEET_OLDEST_VERSION = Gauge(
     "ragr1_trainer_fleet_oldest_version",
-    "Oldest weight version a replica taking prompts serves (serving, or loading the next): the version the "
-    "stalest new rollouts carry; NaN while no replica takes prompts.",
+    "Oldest weight version a replica making rollouts serves (serving, or loading the next while the rollouts it "
+    "holds finish): the version the stalest new rollouts carry; NaN while no replica makes rollouts.",
 )
 # The prompts stream as the rollout workers' consumer group sees it: what the fleet's autoscaler sizes the
 # policy replicas by (deploy/helm/ragr1/templates/autoscaling.yaml, ``fleet.wanted_replicas``).
@@ -129,5 +129,5 @@ PROMPT_HOLDERS = Gauge(
 PROMPTS_STRANDED = Gauge(
     "ragr1_trainer_prompts_stranded_seconds",
     "How long prompts have waited or been in progress while no policy replica takes prompts (none reports "
-    "serving or loading: none there, or all starting or refused); 0 while one does, or no prompt is left.",
+    "serving: none there, or all starting, loading or refused); 0 while one does, or no prompt is left.",
 )

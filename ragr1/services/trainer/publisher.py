@@ -48,10 +48,12 @@ def export_backlog(backlog: Backlog) -> None:
 
 class StrandedAlarm:
     """The prompts-stranded alarm: prompts waiting or in progress while no policy replica takes prompts (none
-    reports serving or loading) for ``threshold`` seconds (0: off). A fleet scaled up from zero has no replica
-    taking prompts until one has started and loaded the weights, so the threshold is longer than that; replicas
-    that all refused the weights or never get past their start take none either. Exports how long it has lasted
-    and the threshold (the alert rule compares them), and logs a warning when it crosses the threshold."""
+    reports serving) for ``threshold`` seconds (0: off). A fleet scaled up from zero has no replica taking prompts
+    until one has started and loaded the weights, so the threshold is longer than that; replicas that all refused
+    the weights or never get past their start take none either. A loading replica takes none: counting it as
+    taking would let a fleet that refuses a version stay silent for good, each replica loading again at every
+    retry of the refused version. Exports how long it has lasted and the threshold (the alert rule compares
+    them), and logs a warning when it crosses the threshold."""
 
     name = "prompts_stranded"
 
@@ -66,7 +68,7 @@ class StrandedAlarm:
     def observe(self, backlog: Backlog, reports: list[fleet.ReplicaReport]) -> float:
         """How long the prompts have been stranded, as of now (0 when they are not)."""
         left = backlog.waiting + backlog.in_progress
-        if not left or any(r.generating for r in reports):
+        if not left or any(r.takes_prompts for r in reports):
             self._since, self._warned = None, False
             metrics.PROMPTS_STRANDED.set(0)
             return 0.0

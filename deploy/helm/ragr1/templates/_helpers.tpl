@@ -244,6 +244,8 @@ affinity:
 - {{ .Values.trainer.model | quote }}
 - --max-updates
 - "0"
+- --samples-per-prompt
+- {{ include "ragr1.samplesPerPrompt" . | quote }}
 {{- with .Values.trainer.alarms }}
 - --prompts-stranded-seconds
 - {{ .promptsStrandedSeconds | quote }}
@@ -324,9 +326,24 @@ passes maxInFlight itself to the worker, and states the rule only here, for what
 {{- $p.maxInFlight | int | default ($p.maxNumSeqs | int) -}}
 {{- end -}}
 
-{{/* The prompts per policy replica KEDA aims at: policy.autoscaling.promptsPerReplica, or with 0 the trajectories
-one replica runs at once (ragr1.policy.maxInFlight), so that no replica is started with less work than its engine
-batches. */}}
+{{/* The prompts per policy replica KEDA aims at: policy.autoscaling.promptsPerReplica, or with 0 the prompts one
+replica runs at once. The trainer's backlog counts prompts, and a prompt brings trainer.samplesPerPrompt
+trajectories (its group, run on one replica), so that is the trajectories a replica runs at once
+(ragr1.policy.maxInFlight) over the samples per prompt, at least 1 (a group larger than the batch runs alone): no
+replica is started with less work than its engine batches, nor a fleet left too small while prompts wait. Rounded
+down: the fleet errs larger. */}}
 {{- define "ragr1.promptsPerReplica" -}}
-{{- .Values.policy.autoscaling.promptsPerReplica | int | default (include "ragr1.policy.maxInFlight" . | int) -}}
+{{- $trajectories := include "ragr1.policy.maxInFlight" . | int -}}
+{{- .Values.policy.autoscaling.promptsPerReplica | int | default (max 1 (div $trajectories (include "ragr1.samplesPerPrompt" . | int))) -}}
+{{- end -}}
+
+{{/* trainer.samplesPerPrompt: the one value the trainer's --samples-per-prompt and KEDA's target both read; the same
+flag in trainer.extraArgs would change the trainer alone, so it is refused. */}}
+{{- define "ragr1.samplesPerPrompt" -}}
+{{- range .Values.trainer.extraArgs -}}
+{{- if or (eq (toString .) "--samples-per-prompt") (hasPrefix "--samples-per-prompt=" (toString .)) -}}
+{{- fail "trainer.extraArgs sets --samples-per-prompt: set trainer.samplesPerPrompt instead, which the trainer and the policy autoscaler's target (prompts per replica) both read" -}}
+{{- end -}}
+{{- end -}}
+{{- .Values.trainer.samplesPerPrompt | int -}}
 {{- end -}}
