@@ -149,7 +149,7 @@ def test_a_retriever_that_is_down_for_longer_than_the_retry_budget_dead_letters_
     in that time fails, and none counts against the prompt. The worker stops taking prompts until a probe finds
     the retriever answering again; then the prompt is trained, and nothing was dead-lettered."""
     prompts, rollouts = queues(redis_client, max_deliveries=2)
-    prompts.produce([task("ham", "Who wrote Hamlet?")])  # searches once
+    prompts.produce([task("slow", "Slow one?")])  # searches once
     search = DownSearch()
     policy = Policy(TimedEngine(tokenizer), tokenizer, search, LoopConfig(), model_dir=policy_model_dir,
                     default_sampling=Sampling(), limits=RolloutLimits(max_batch=8),
@@ -164,11 +164,11 @@ def test_a_retriever_that_is_down_for_longer_than_the_retry_budget_dead_letters_
         await wait_for_async(lambda: search.refused >= 8, "the worker stopped asking the retriever", 10, 0.05)
         assert prompts.backlog() == Backlog(1, 0, 0) and prompts.dead_letters() == []
         search.up = True
-        await until(lambda: prompts.is_done("ham"), "the prompt was never trained once the retriever was back")
+        await until(lambda: prompts.is_done("slow"), "the prompt was never trained once the retriever was back")
 
     running(w, scenario)
     assert down("retriever") == 0 and prompts.dead_letters() == [] and prompts.pending() == 0
-    assert [d.message.task_id for d in rollouts.consume(10)] == ["ham"]
+    assert [d.message.task_id for d in rollouts.consume(10)] == ["slow"]
 
 
 class WedgedEngine(TimedEngine):

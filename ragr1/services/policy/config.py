@@ -55,6 +55,8 @@ class PolicyConfig(
     retry_backoff_seconds: float = same_as(WorkerSettings, "retry_backoff_seconds")
     retry_backoff_max_seconds: float = same_as(WorkerSettings, "retry_backoff_max_seconds")
     on_retrieval_error: str = same_as(WorkerSettings, "on_retrieval_error")
+    stall_seconds: float = same_as(WorkerSettings, "stall_seconds")
+    dependency_probe_seconds: float = same_as(WorkerSettings, "dependency_probe_seconds")
     # A rollout worker follows the weight versions the trainer announces in Redis (common/fleet.py).
     heartbeat_seconds: float = same_as(FollowerSettings, "heartbeat_seconds")
     checkpoint_wait_seconds: float = same_as(FollowerSettings, "checkpoint_wait_seconds")
