@@ -31,9 +31,16 @@ from ``--seed`` or chosen by the run's state:
 - a retriever shard SIGKILLed and restarted: the router, never restarted, answers in full afterwards;
 - Redis SIGKILLed and restarted from its append-only file: every client rides it out (no other restart);
 - a replica SIGKILLed half-way through loading a version: it comes back and loads the current one;
+- a replica's vLLM engine core stopped (SIGSTOP on the engine's processes, not the worker's) while it holds
+  prompts: its engine makes no step for ``STALL_S`` (the workers' stall_seconds), so the replica turns
+  NOT_SERVING and stops, handing its prompts back (the supervisor restarts it); they run on the other replica
+  within the stall limit plus one reclaim;
 - the second replica scaled away (`ragr1 scale --policy-replicas 1`: SIGTERM, not restarted) while paused
   mid-rollout (its vLLM engine's processes SIGSTOPped while it holds prompts): it hands them back (its
-  consumer leaves the group), the other takes them over, and the run goes on with one replica.
+  consumer leaves the group), the other takes them over, and the run goes on with one replica;
+- a retriever shard down (SIGSTOP) for ``SHARD_DOWN_S``, far past a prompt's retry budget: every search in that
+  time fails (the router answers UNAVAILABLE), none counts against its prompt, no prompt is dead-lettered, and
+  rollouts come again within a minute of the shard's return.
 
 Auth is on, as `ragr1 up --auth` turns it on (a bearer token on every gRPC call, a Redis password): before
 the faults, each service is called without the token and with it, and Redis without its password; after
@@ -110,6 +117,10 @@ COLLECT_S = 30
 RETRIED = re.compile(r"prompts (.+?) handed back after their failed delivery (\d+) \((\w+): ")
 # A consumer's log line when it took over entries whose owner stopped renewing its lease (common/streams.py).
 TOOK_OVER = re.compile(r"prompts: (\S+) took over (.+?), idle for (\d+) ms or more")
+# The replicas' stall limit (WorkerSettings.stall_seconds): far above a step of the 135M model here.
+STALL_S = 60
+# How long a shard stays down: the issue's five minutes, past the retry budget of a prompt (5 deliveries).
+SHARD_DOWN_S = 300
 # Questions the policy refuses (over its max_question_chars of 4096): their prompts are dead-lettered.
 UNSERVABLE = "Which of these is the answer? " + "and which of them? " * 260
 
@@ -143,7 +154,9 @@ class Chaos:
             Fault("worker killed", at_version=5),
             Fault("redis killed", at_version=6),
             Fault("load killed half-way through", at_version=7),
+            Fault("engine stopped", at_version=8),
             Fault("replica scaled away", at_version=9),
+            Fault("shard down for five minutes", at_version=10),
         ]
         self._scale: subprocess.Popen[bytes] | None = None
         self._paused_engine: set[int] = set()
@@ -291,6 +304,9 @@ class Chaos:
             client.close()
 
     def _shard(self, fault: Fault) -> None:
+        if fault.name.startswith("shard down"):
+            self._shard_down(fault)
+            return
         shard = self.proc("retriever-shard-1")
         if not fault.detail:
             shard.signal(signal.SIGKILL)
@@ -314,6 +330,109 @@ class Chaos:
                             partial=reply.partial, hits=len(reply.results[0].passages))
         fault.done = True
         print(f"chaos: shard back, router answers in full: {not reply.partial}", flush=True)
+
+    def dead_letters(self) -> list[str]:
+        """The reasons of every prompt dead-lettered so far."""
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            return [f.get(b"reason", b"").decode() for _, f in client.xrange(PROMPTS + ":dead")]
+        finally:
+            client.close()
+
+    def rollouts_produced(self) -> int:
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            return int(client.xlen(ROLLOUTS))
+        finally:
+            client.close()
+
+    def _engine(self, fault: Fault) -> None:
+        """policy-1's vLLM engine processes SIGSTOPped while it holds prompts it took a moment ago (its worker runs
+        on): done once every prompt it held is trained or held by the other replica, and policy-1 is back (restarted
+        by the supervisor) serving the trainer's current version."""
+        worker = self.proc("policy-1")
+        if not fault.detail:
+            held = self.pending("policy-1", fresh_ms=2000)
+            if not held or not worker.alive() or worker.process is None:
+                return
+            engine = engine_processes() & descendants(worker.process.pid)
+            if not engine:
+                return
+            for pid in engine:
+                os.kill(pid, signal.SIGSTOP)
+            fault.detail.update(held=held, stopped_at=time.monotonic(), engine_stopped=len(engine),
+                                restarts=self.s.endpoints()["services"]["policy-1"]["restarts"],
+                                log_offset=worker.log_path.stat().st_size)
+            self._paused_engine = engine
+            print(f"chaos: policy-1's engine ({len(engine)} processes) SIGSTOPped holding {len(held)} prompts",
+                  flush=True)
+            return
+        if "taken_over_s" not in fault.detail:
+            elsewhere = set(self.pending("policy"))
+            waited = time.monotonic() - fault.detail["stopped_at"]
+            if (not all(self.done_entry(e) or e in elsewhere for e in fault.detail["held"])
+                    and waited < STALL_S + self.reclaim_ms / 1000 + 120):
+                return
+            fault.detail["taken_over_s"] = round(time.monotonic() - fault.detail["stopped_at"], 1)
+            fault.detail["ran_elsewhere"] = sum(self.done_entry(e) or e in elsewhere for e in fault.detail["held"])
+            text = worker.log_path.read_text(errors="replace")[fault.detail["log_offset"]:]
+            fault.detail["stall_said"] = "no step for" in text
+            said = re.search(r"(\d+) unfinished prompts handed back", text)
+            fault.detail["handed_back_said"] = int(said[1]) if said else None
+            for pid in self._paused_engine:  # a process its replica did not take down with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            print(f"chaos: policy-1's prompts ran elsewhere {fault.detail['taken_over_s']} s after its engine "
+                  "stopped", flush=True)
+        restarted = self.s.endpoints()["services"]["policy-1"]["restarts"] > fault.detail["restarts"]
+        if not restarted or not worker.alive():
+            return
+        fault.detail.setdefault("killed_at", fault.detail["stopped_at"])
+        fault.detail.setdefault("trainer_pid", self._trainer_pid)
+        self._caught_up(fault, "policy-1")
+
+    def done_entry(self, entry_id: str) -> bool:
+        """Whether the prompts entry ``entry_id`` was acknowledged (no longer pending, not in the dead letters)."""
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            return not client.xpending_range(PROMPTS, WORKER_GROUP, entry_id, entry_id, 1)
+        finally:
+            client.close()
+
+    def _shard_down(self, fault: Fault) -> None:
+        """retriever-shard-0 SIGSTOPped for SHARD_DOWN_S, then SIGCONT; done once a rollout is produced after its
+        return (or a minute passed), with the prompts dead-lettered meanwhile counted."""
+        shard = self.proc("retriever-shard-0")
+        if not fault.detail:
+            if not shard.alive():
+                return
+            shard.signal(signal.SIGSTOP)
+            fault.detail.update(stopped_at=time.monotonic(), dead_before=len(self.dead_letters()),
+                                at_version=self.version())
+            print(f"chaos: retriever-shard-0 SIGSTOPped for {SHARD_DOWN_S} s", flush=True)
+            return
+        now = time.monotonic()
+        if "back_at" not in fault.detail:
+            if now - fault.detail["stopped_at"] < SHARD_DOWN_S:
+                return
+            shard.signal(signal.SIGCONT)
+            fault.detail.update(back_at=now, down_s=round(now - fault.detail["stopped_at"], 1),
+                                rollouts_at_return=self.rollouts_produced(), version_at_return=self.version())
+            print("chaos: retriever-shard-0 back", flush=True)
+            return
+        produced = self.rollouts_produced() > fault.detail["rollouts_at_return"]
+        if not produced and now - fault.detail["back_at"] < 90:
+            return
+        reasons = self.dead_letters()[fault.detail.pop("dead_before"):]
+        fault.detail.update(rollouts_again=produced, rollouts_again_after_s=round(now - fault.detail.pop("back_at"), 1),
+                            dead_lettered_meanwhile=[r for r in reasons if "invalid task" not in r])
+        fault.detail.pop("stopped_at")
+        fault.done = True
+        print(f"chaos: rollouts again {fault.detail['rollouts_again_after_s']} s after the shard's return; "
+              f"dead-lettered meanwhile: {fault.detail['dead_lettered_meanwhile']}", flush=True)
 
     def announced(self) -> int:
         assert self.s.redis is not None
@@ -564,7 +683,8 @@ def build(config: StackConfig, directory: Path, updates: int, reclaim_ms: int) -
     index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens,
                          ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
                                              rl_sources=("popqa", "hotpotqa")).passage_ids())
-    worker = {"reclaim_idle_ms": reclaim_ms, "worker_batch": 2, "max_in_flight": 2, "grace_seconds": GRACE_S}
+    worker = {"reclaim_idle_ms": reclaim_ms, "worker_batch": 2, "max_in_flight": 2, "grace_seconds": GRACE_S,
+              "stall_seconds": STALL_S}
 
     def replica(i: int) -> ServiceSpec:
         return wiring.policy_spec(config, ports, model, worker, name=replica_name(i), port=ports.replica(i))
@@ -663,6 +783,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "trainer": len(chaos.trainer_kills), "policy": 1, "retriever-shard-1": 1, "redis": 1, "reward": 1}
     fault = {f.name: f.detail for f in chaos.faults}
     joined, away, reward = fault["replica joined"], fault["replica scaled away"], fault["reward restarted"]
+    engine, shard_down = fault["engine stopped"], fault["shard down for five minutes"]
     takeovers = took_over(supervisor)
     trained_by = Counter(producer_of.get(r, "?") for r in trained)
     checks = {
@@ -704,7 +825,19 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             and away.get("left") == 0 and away.get("left_after_reclaim") == 0,
         "policy-1 scaled away paused mid-rollout handed its unfinished prompts back (its log says how many)":
             (away.get("engine_paused") or 0) > 0 and (away.get("handed_back_said") or 0) > 0,
-        "policy-1 restarted exactly once (its load killed) before it was scaled away": away.get("restarts") == 1,
+        "policy-1 restarted exactly twice (its load killed, its engine stopped) before it was scaled away":
+            away.get("restarts") == 2,
+        "a replica whose engine core was stopped turned NOT_SERVING and stopped after the stall limit (its log says "
+        "so), handed its prompts back, and they ran on the other replica within the stall limit plus one reclaim":
+            engine.get("stall_said") is True and (engine.get("handed_back_said") or 0) > 0
+            and engine.get("ran_elsewhere") == len(engine.get("held", [None]))
+            and engine.get("taken_over_s", math.inf) <= STALL_S + chaos.reclaim_ms / 1000,
+        "the replica whose engine stopped came back and loaded the running trainer's current version":
+            engine.get("same_trainer") is True,
+        "a shard down for five minutes dead-lettered no prompt, and rollouts came again within a minute of its "
+        "return":
+            shard_down.get("down_s", 0) >= SHARD_DOWN_S and shard_down.get("dead_lettered_meanwhile") == []
+            and shard_down.get("rollouts_again") is True and shard_down.get("rollouts_again_after_s", math.inf) <= 60,
         "a Score call failed while the reward service was down, and its prompts went back at once (handed back "
         "or taken again, a delivery counted) and were trained again after its restart":
             reward.get("score_failed") is True and bool(reward.get("state_when_said"))
