@@ -180,18 +180,25 @@ def test_samples_are_batched_within_max_batch(
     assert prompts.pending() == 0
 
 
-def test_a_restarted_worker_resumes_its_own_pending_prompts_at_once(
+def test_a_restarted_worker_hands_its_predecessors_prompts_back_and_takes_what_a_batch_holds(
     redis_client: redis.Redis, reward_server: ServiceProcess, tokenizer: Any, policy_model_dir: Path
 ) -> None:
-    """A replica re-created under the same (stable) consumer name takes back what its predecessor was
-    given and never acknowledged, without waiting reclaim_idle_ms (60 s here)."""
+    """A replica re-created under the same (stable) consumer name finds what its predecessor was given and never
+    acknowledged: it hands all of it back at once, no delivery counted, and takes what one batch holds (one
+    prompt here), so the rest waits for any replica with room instead of being held, and renewed, by one that
+    cannot start it; nothing waits for reclaim_idle_ms (60 s here)."""
     prompts, rollouts = queues(redis_client)
     prompts.produce(tasks())
     assert len(prompts.consume(10)) == 2  # delivered to "w1", which then died
     policy = make_policy(tokenizer, policy_model_dir, ScriptedSearch())
-    assert run_step(worker_for(policy, reward_server, prompts, rollouts, dead_letter=False)) == 2
-    assert sorted(d.message.task_id for d in rollouts.consume(10)) == ["fr", "ham"]
-    assert prompts.pending() == 0
+    worker = RolloutWorker(policy, RewardServiceScorer(reward_server.target), prompts, rollouts, Sampling(),
+                           worker_settings(worker_batch=1))
+    assert run_step(worker) == 1
+    (done,) = [d.message.task_id for d in rollouts.consume(10)]
+    assert prompts.backlog() == Backlog(1, 0, 0)  # the other handed back, waiting, held by no one
+    other = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="w", consumer="w2")
+    (taken,) = other.reclaim(60_000, 10)
+    assert {done, taken.message.id} == {"fr", "ham"} and taken.deliveries == 1
 
 
 class PausedEngine(ScriptedEngine):
