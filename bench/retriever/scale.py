@@ -473,6 +473,9 @@ def layout(source: Path, store: PassageStore, shards: int, work: Path) -> Iterat
     shutil.rmtree(out, ignore_errors=True)
     settings = preset(DEFAULT_ENCODER, DEFAULT_BACKEND)
     import_index([source], out, settings, num_shards=shards, store=store, progress=False)
+    # The shards just written are flushed before anything is timed: writeback competing for the memory and the
+    # disk would slow whichever measurement comes first.
+    os.sync()
     drop_cache(source)
     try:
         yield out
