@@ -176,7 +176,7 @@ class StreamingRolloutWorker(RolloutWorker):
 
     def _startable(self) -> bool:
         """Whether a prompt taken may still start: the replica accepts, and its dependencies answer."""
-        return (self.accepting is None or self.accepting.is_set()) and self._dependencies.is_set()
+        return (self.accepting is None or self.accepting.is_set()) and self.dependencies.answering.is_set()
 
     async def _take_one(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         """Takes one prompt and starts its group once it fits; hands it back unstarted if the stop comes first, or if

@@ -48,7 +48,8 @@ from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import MAX_BACKOFF_MS, Delivery, StreamQueue
 from ragr1.services.policy import metrics, progress
 from ragr1.services.policy.agent import Sampling, Trajectory, TrajectoryStatus
-from ragr1.services.policy.progress import Progress
+from ragr1.services.policy.dependencies import RETRIEVER, REWARD, Dependencies
+from ragr1.services.policy.progress import Held
 from ragr1.services.policy.rollouts import Scorer, build_rollouts, expand, task_of
 from ragr1.services.policy.runtime import Policy
 from ragr1.v1 import common_pb2
@@ -127,61 +128,6 @@ class WorkerSettings(Validated):
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
 RETRY = {TrajectoryStatus.RETRIEVAL_ERROR: "retrieval_error", TrajectoryStatus.ABORTED: "aborted"}
-RETRIEVER, REWARD = "retriever", "reward"
-
-
-class Held:
-    """The prompts a worker holds (taken, and not yet acknowledged, handed back or dead-lettered), by entry, each
-    with the progress of its rollouts (``progress.Progress``): the leases it renews."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self._deliveries: dict[str, PromptDelivery] = {}
-        self._progress: dict[str, Progress] = {}
-        self._started: set[str] = set()
-
-    def add(self, deliveries: Sequence[PromptDelivery]) -> None:
-        for d in deliveries:
-            self._deliveries[d.entry_id] = d
-            self._progress[d.entry_id] = Progress(self.clock)
-
-    def start(self, entry_ids: Sequence[str]) -> Progress:
-        """The work on ``entry_ids`` (a group, or a lock-step chunk) starts: what it advances, it stamps."""
-        shared = Progress(self.clock)
-        for e in entry_ids:
-            if e in self._deliveries:
-                self._progress[e] = shared
-                self._started.add(e)
-        return shared
-
-    def drop(self, entry_id: str) -> None:
-        self._deliveries.pop(entry_id, None)
-        self._progress.pop(entry_id, None)
-        self._started.discard(entry_id)
-
-    def clear(self) -> None:
-        for e in list(self._deliveries):
-            self.drop(e)
-
-    def __contains__(self, entry_id: object) -> bool:
-        return entry_id in self._deliveries
-
-    def __len__(self) -> int:
-        return len(self._deliveries)
-
-    def leases(self, stall_seconds: float) -> tuple[list[str], list[str]]:
-        """The entries whose lease is kept, and those let go: a started prompt's rollouts advanced within
-        ``stall_seconds``; one not started yet (waiting for room) lives while the running ones advance."""
-        now = self.clock()
-        running = max((self._progress[e].at for e in self._started), default=None)
-        kept: list[str] = []
-        lapsed: list[str] = []
-        for e, p in self._progress.items():
-            at = p.at if e in self._started or running is None else max(p.at, running)
-            (kept if now - at <= stall_seconds else lapsed).append(e)
-        return kept, lapsed
-
-
 class RolloutWorker:
     def __init__(
         self,
@@ -204,12 +150,10 @@ class RolloutWorker:
         self.sampling = sampling
         self.settings = settings
         self.accepting = accepting
-        self.report_ready = report_ready
-        # Set while every dependency answers; the ones that did not, with why.
-        self._dependencies = asyncio.Event()
-        self._dependencies.set()
-        self._down: dict[str, str] = {}
-        self._probing: asyncio.Task[None] | None = None
+        self.dependencies = Dependencies(
+            {RETRIEVER: lambda: policy.search.search(["are you there"], [0]), REWARD: lambda: scorer.score([])},
+            settings.dependency_probe_seconds, report_ready,
+        )
         # Asked to stop, the batch in hand gets the grace period less what aborting it and handing back takes.
         self.margin = leave_margin(settings.grace_seconds)
         self.leave_seconds = settings.grace_seconds - self.margin
@@ -328,49 +272,9 @@ class RolloutWorker:
             except Exception as exc:  # Redis down: tried again at the next renewal
                 log.warning("renewing the lease on %d prompts failed: %s: %s", len(kept), type(exc).__name__, exc)
 
-    # -- dependencies ----------------------------------------------------------------------------------------
-    async def _dependency_down(self, name: str, reason: str) -> None:
-        """``name`` answered UNAVAILABLE: no prompt is taken, and the replica reports not ready, until it answers
-        again (``_probe``)."""
-        if name not in self._down:
-            log.warning("the %s is down (%s): taking no prompt until it answers again", name, reason)
-            metrics.WORKER_DEPENDENCY_DOWN.labels(name).set(1)
-        self._down[name] = reason
-        if self._dependencies.is_set():
-            self._dependencies.clear()
-            if self.report_ready is not None:
-                await self.report_ready(False)
-        if self._probing is None or self._probing.done():
-            self._probing = asyncio.ensure_future(self._probe())
-
-    async def _answers(self, name: str) -> bool:
-        """Whether ``name`` answers a call (an error other than UNAVAILABLE is an answer)."""
-        try:
-            if name == RETRIEVER:
-                await self.policy.search.search(["are you there"], [0])
-            else:
-                await self.scorer.score([])
-        except Unavailable:
-            return False
-        except Exception:  # it answered, with an error of its own
-            pass
-        return True
-
-    async def _probe(self) -> None:
-        while self._down:
-            await asyncio.sleep(self.settings.dependency_probe_seconds)
-            for name in list(self._down):
-                if await self._answers(name):
-                    log.info("the %s answers again: taking prompts", name)
-                    metrics.WORKER_DEPENDENCY_DOWN.labels(name).set(0)
-                    self._down.pop(name, None)
-        self._dependencies.set()
-        if self.report_ready is not None:
-            await self.report_ready(True)
-
     async def _may_take(self, stop: asyncio.Event) -> bool:
         """Whether the worker may take a prompt now; when it may not, waits until that may have changed."""
-        for gate in (self.accepting, self._dependencies):
+        for gate in (self.accepting, self.dependencies.answering):
             if gate is not None and not gate.is_set():
                 await _either(gate, stop)
                 return False
@@ -468,7 +372,7 @@ class RolloutWorker:
             )
         except Unavailable as exc:
             await self._hand_back(done)
-            await self._dependency_down(REWARD, str(exc))
+            await self.dependencies.down(REWARD, str(exc))
             done = []
         except Exception as exc:
             log.exception("scoring failed; %d prompts are handed back to be tried again", len(done))
@@ -495,7 +399,7 @@ class RolloutWorker:
             kind, reason = failed[d.message.id]
             if d.message.id in down:
                 await self._hand_back([d])
-                await self._dependency_down(RETRIEVER, reason)
+                await self.dependencies.down(RETRIEVER, reason)
             elif self.settings.on_retrieval_error == "dead_letter" and kind == "retrieval_error":
                 await asyncio.to_thread(self._dead_letter, d, reason)
             elif not (self._leaving and kind == "aborted"):  # aborted by the leave: handed back whole, uncounted
@@ -515,8 +419,7 @@ class RolloutWorker:
                 await self._leave()
             finally:
                 lease.cancel()
-                if self._probing is not None:
-                    self._probing.cancel()
+                self.dependencies.close()
 
     async def _steps(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
         while not stop.is_set():
