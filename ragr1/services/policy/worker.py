@@ -11,11 +11,10 @@ Reclaim is for the dead only, and liveness is judged by progress: the worker kee
 generated, a search or a score answered: ``progress``) within ``stall_seconds``, so a group that runs longer than
 ``reclaim_idle_ms`` stays its own and one whose engine hangs does not; a prompt taken and waiting for room lives
 as long as the replica's running rollouts advance. A prompt whose work failed for a passing reason goes back at
-once with the failed delivery counted, to be taken
-again (by any worker) after a backoff that doubles with each delivery (``retry_backoff_seconds`` up to
-``retry_backoff_max_seconds``): a rollout that raised (weights unknown after a failed load, say), a trajectory
-that ended with a retriever error or ABORTED (a weight update under ``on_weight_update: abort``), a scoring call that
-failed (the reward service restarting), an acknowledgement that failed. One that fails on its
+once with the failed delivery counted, to be taken again (by any worker) after a backoff that doubles with each
+delivery (``retry_backoff_seconds`` up to ``retry_backoff_max_seconds``): a rollout that raised (weights unknown
+after a failed load, say), a trajectory that ended with a retriever error or ABORTED (a weight update under
+``on_weight_update: abort``), a scoring call that failed, an acknowledgement that failed. One that fails on its
 ``max_deliveries``-th delivery is dead-lettered with the failure. With ``on_retrieval_error: dead_letter`` a
 retriever error dead-letters the prompt at once instead. A failure because a dependency is down (the retriever
 or the reward service answered UNAVAILABLE) is no fault of the prompt's: it goes back with no delivery counted,
@@ -128,6 +127,8 @@ class WorkerSettings(Validated):
 PromptDelivery = Delivery[common_pb2.PromptTask]
 # Statuses after which the prompt is tried again rather than handed to the trainer.
 RETRY = {TrajectoryStatus.RETRIEVAL_ERROR: "retrieval_error", TrajectoryStatus.ABORTED: "aborted"}
+
+
 class RolloutWorker:
     def __init__(
         self,
