@@ -5,7 +5,11 @@ then every prompt is accounted for from Redis and the trainer's checkpoint, not 
 
 The rollout workers run with the default ``reclaim_idle_ms`` (10 minutes), as deployed, so that no fault is
 hidden by a short reclaim time: only the worker paused past it may lose its prompts to a reclaim, and the run
-takes that much longer (about 40 minutes on 2 idle cores). ``--reclaim-ms`` shortens it for a quick look.
+takes that much longer (about 40 minutes on 2 idle cores). ``--reclaim-ms`` shortens it for a quick look. The
+faults come one after another as the trainer reaches their versions, and the worker's pause lasts the reclaim
+time whatever the trainer does meanwhile: on a machine that trains an update in half a minute the trainer can
+reach ``--updates`` before the last faults; "every fault injected" then fails, naming none of the others, and
+``--updates`` must be raised (or ``--reclaim-ms`` lowered) for that machine.
 
 The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
 shards, the reward service, one policy replica with a rollout worker, the PPO trainer with GRPO and LoRA on
@@ -330,6 +334,17 @@ class Chaos:
                             partial=reply.partial, hits=len(reply.results[0].passages))
         fault.done = True
         print(f"chaos: shard back, router answers in full: {not reply.partial}", flush=True)
+
+    def resume_stopped(self) -> None:
+        """SIGCONT to whatever a fault left stopped."""
+        pids = set(self._paused_engine)
+        for name in ("policy-1", "retriever-shard-0"):
+            process = self.s.processes[name].process if name in self.s.processes else None
+            if process is not None:
+                pids.add(process.pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def dead_letters(self) -> list[str]:
         """The reasons of every prompt dead-lettered so far."""
@@ -1041,6 +1056,10 @@ def main(argv: list[str] | None = None) -> int:
         if gave_up:
             print(gave_up[0], flush=True)
             return 1
+        # A trainer that reached its last update before every fault was over (a fast machine trains many updates
+        # while a worker waits out the reclaim time) leaves a process stopped: resumed, so that the audit can ask
+        # every replica what it serves; "every fault injected" then says which did not finish.
+        chaos.resume_stopped()
         seconds = time.monotonic() - started
         report = audit(supervisor, args.updates, templates, chaos) | {"seconds": round(seconds, 1),
                                                                       "reclaim_idle_ms": args.reclaim_ms}
