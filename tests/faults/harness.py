@@ -426,7 +426,8 @@ class Chaos:
                 return
             shard.signal(signal.SIGSTOP)
             fault.detail.update(stopped_at=time.monotonic(), dead_before=len(self.dead_letters()),
-                                at_version=self.version())
+                                at_version=self.version(),
+                                log_offsets={str(p): p.stat().st_size for p in self.s.log_dir.glob("policy*.log")})
             print(f"chaos: retriever-shard-0 SIGSTOPped for {SHARD_DOWN_S} s", flush=True)
             return
         now = time.monotonic()
@@ -442,6 +443,10 @@ class Chaos:
         if not produced and now - fault.detail["back_at"] < 90:
             return
         reasons = self.dead_letters()[fault.detail.pop("dead_before"):]
+        # The fault happened only if a search met the shard down: a worker says the retriever is down.
+        said = [log.read_text(errors="replace")[offset:] for log, offset in
+                ((Path(p), o) for p, o in fault.detail.pop("log_offsets").items())]
+        fault.detail["retriever_down_said"] = sum(text.count("the retriever is down") for text in said)
         fault.detail.update(rollouts_again=produced, rollouts_again_after_s=round(now - fault.detail.pop("back_at"), 1),
                             dead_lettered_meanwhile=[r for r in reasons if "invalid task" not in r])
         fault.detail.pop("stopped_at")
@@ -842,16 +847,18 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             (away.get("engine_paused") or 0) > 0 and (away.get("handed_back_said") or 0) > 0,
         "policy-1 restarted exactly twice (its load killed, its engine stopped) before it was scaled away":
             away.get("restarts") == 2,
+        # Its prompts go back as it leaves, or, where the reclaim time is shorter than the watchdog's look, its
+        # lapsed leases go to the other replica first: either way within the stall limit plus one reclaim.
         "a replica whose engine core was stopped turned NOT_SERVING and stopped after the stall limit (its log says "
-        "so), handed its prompts back, and they ran on the other replica within the stall limit plus one reclaim":
-            engine.get("stall_said") is True and (engine.get("handed_back_said") or 0) > 0
-            and engine.get("ran_elsewhere") == len(engine.get("held", [None]))
+        "so), and its prompts ran on the other replica within the stall limit plus one reclaim":
+            engine.get("stall_said") is True and engine.get("ran_elsewhere") == len(engine.get("held", [None]))
             and engine.get("taken_over_s", math.inf) <= STALL_S + chaos.reclaim_ms / 1000,
         "the replica whose engine stopped came back and loaded the running trainer's current version":
             engine.get("same_trainer") is True,
-        "a shard down for five minutes dead-lettered no prompt, and rollouts came again within a minute of its "
-        "return":
-            shard_down.get("down_s", 0) >= SHARD_DOWN_S and shard_down.get("dead_lettered_meanwhile") == []
+        "a shard down for five minutes failed searches (a worker said the retriever was down), dead-lettered no "
+        "prompt, and rollouts came again within a minute of its return":
+            shard_down.get("down_s", 0) >= SHARD_DOWN_S and (shard_down.get("retriever_down_said") or 0) > 0
+            and shard_down.get("dead_lettered_meanwhile") == []
             and shard_down.get("rollouts_again") is True and shard_down.get("rollouts_again_after_s", math.inf) <= 60,
         "a Score call failed while the reward service was down, and its prompts went back at once (handed back "
         "or taken again, a delivery counted) and were trained again after its restart":
