@@ -7,6 +7,7 @@ tests/policy/test_integration.py kills a real engine; ``make test-faults`` stops
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,3 +131,28 @@ def test_the_engine_counts_a_stall_only_while_it_has_requests_and_a_load_past_it
             await engine.check_health()  # broken for good: the watchdog stops the replica
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+class PausedProcess(Engine):
+    """A replica whose own process was stopped for a while (its worker SIGSTOPped): at the first look after, its
+    engine's stall clock counts the pause, because the outputs the engine made meanwhile are still unread."""
+
+    async def check_health(self) -> None:
+        self.checks += 1
+        if self.checks == 2:
+            time.sleep(0.3)  # the process stopped after this look: nothing of it runs until the next
+
+    def stalled_seconds(self) -> float:
+        return STALL + 1 if self.checks == 3 else 0.0
+
+
+def test_a_process_that_was_itself_stopped_does_not_take_its_own_pause_for_a_stalled_engine() -> None:
+    engine, server = PausedProcess(fails_after=10**9), Server()
+
+    async def watch_a_while() -> None:
+        task = asyncio.create_task(watch_engine(engine, cast(GrpcServer, server), 0.01, STALL))
+        await holds_for_async(lambda: not task.done(), "the watch goes on past the pause", 0.6)
+        task.cancel()
+
+    asyncio.run(watch_a_while())
+    assert engine.checks > 3 and server.serving == []  # the fault: a look that saw the pause's stall, and let it be

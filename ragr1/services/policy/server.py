@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, cast
 
@@ -48,12 +49,18 @@ async def watch_engine(engine: Checked, server: GrpcServer, interval: float, sta
     not see it. Either way the server turns NOT_SERVING and this raises, which stops the process with exit code 1:
     the rollout worker hands back every prompt it holds as it leaves, and the container restarts instead of
     showing healthy while it serves nothing."""
+    looked = time.monotonic()
     while True:
         await asyncio.sleep(interval)
+        # A look that comes more than an interval late finds this process itself was stopped or starved (SIGSTOP,
+        # a host that did not schedule it): the engine's outputs of that time are still unread, so its stall clock
+        # says nothing until the next look.
+        late = time.monotonic() - looked > 2 * interval
+        looked = time.monotonic()
         try:
             await engine.check_health()
             stalled = engine.stalled_seconds()
-            if stalled > stall_seconds:
+            if stalled > stall_seconds and not late:
                 raise TimeoutError(f"no step for {stalled:.0f} s with requests in hand (stall_seconds "
                                    f"{stall_seconds:g})")
         except Exception as exc:
