@@ -136,6 +136,28 @@ def queue_overhead(model_dir: Path, samples: list[Sample], steps: int) -> tuple[
     return queue, update
 
 
+def own_paragraphs(questions: int, information: InformationFormat) -> list[data.SFTTrajectory]:
+    """SFT trajectories of the first HotpotQA questions whose every query gets the question's own paragraphs,
+    the named one first (what the stack's retriever returns for a name, near enough for timing: SFT's real
+    trajectories search a running retriever)."""
+    from ragr1.protocol.information import Passage
+    from ragr1.protocol.trajectories import Searcher, names
+    from ragr1.shipped import read_jsonl
+
+    out = []
+    for item, record in zip(data.load_supported_questions(train_path("hotpotqa"), questions),
+                            read_jsonl(train_path("hotpotqa"), questions), strict=True):
+        paragraphs = [Passage("", p["title"], p["text"]) for p in record["paragraphs"]]
+        for mode in (Mode.SINGLE, Mode.MULTI):
+            s = Searcher(item, mode, information)
+            while queries := s.queries():
+                s.read(queries, [sorted(paragraphs, key=lambda p: q not in names(p.title))[:TOP_K] for q in queries])
+            pieces = s.pieces()
+            if pieces is not None:
+                out.append(data.SFTTrajectory(item.question, mode, pieces))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=4, help="sequences per step")
@@ -160,11 +182,8 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}, cores: {os.cpu_count()}")
     if len(variants) < len(chosen):
         print("no native bfloat16 on this CPU: the bf16 rows are left out (--emulated-bf16 times them)")
-    items = data.load_supported_questions(train_path("hotpotqa"), limit=args.sequences // 2)
     information = InformationFormat(tokenizer, TOKENS_PER_QUERY)  # type: ignore[arg-type]
-    sft_sequences = data.tokenize_trajectories(
-        tokenizer, data.sft_trajectories(items, ("single", "multi"), information, TOP_K)
-    )
+    sft_sequences = data.tokenize_trajectories(tokenizer, own_paragraphs(args.sequences // 2, information))
     mean_len = sum(len(s.prompt_ids) + len(s.response_ids) for s in sft_sequences) / len(sft_sequences)
     print(f"\nSFT: {len(sft_sequences)} trajectories per step, {mean_len:.0f} tokens each")
     base = None

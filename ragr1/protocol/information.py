@@ -83,13 +83,19 @@ class InformationFormat:
             return text
         return self.tokenizer.decode(ids[: self.tokens_per_query], skip_special_tokens=True)
 
+    def shown(self, results: Sequence[Sequence[Passage]], multi_query: bool) -> list[str]:
+        """The documents as the block shows them, cut: one text per query in multi-query mode, one for all."""
+        if not multi_query:
+            return [self.cut(documents([p for passages in results for p in passages]))]
+        return [self.cut(documents(passages)) for passages in results]
+
     def body(self, queries: Sequence[str], results: Sequence[Sequence[Passage]], multi_query: bool) -> str:
         if len(queries) != len(results):
             raise ValueError(f"{len(queries)} queries but {len(results)} result lists")
+        shown = self.shown(results, multi_query)
         if not multi_query:
-            return self.cut(documents([p for passages in results for p in passages]))
-        per_query = [self.cut(documents(passages)) for passages in results]
-        return json.dumps({"query": list(queries), "documents": per_query}, indent=2, ensure_ascii=False)
+            return shown[0]
+        return json.dumps({"query": list(queries), "documents": shown}, indent=2, ensure_ascii=False)
 
     def block(self, queries: Sequence[str], results: Sequence[Sequence[Passage]], multi_query: bool) -> str:
         """The whole inserted text: ``\\n<information>\\n`` body ``\\n</information>\\n``."""

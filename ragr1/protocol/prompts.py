@@ -74,6 +74,10 @@ INVALID_ACTION_FEEDBACK = (
 # RAG-R1's defaults: "query_1,query_2" in the instructions, at most three queries per search.
 QUERY_SEPARATOR = ","
 MAX_QUERIES = 3
+# RAG-R1's generation turns before the final answer turn: at most this many searches a trajectory.
+MAX_TURNS = 4
+# Queries are cut to this many characters before they are searched and shown.
+MAX_QUERY_CHARS = 512
 
 
 def question_prompt(

@@ -5,23 +5,39 @@ A trajectory is a list of ``(text, generated)`` pieces: think + search (generate
 (generated). The prompt, the tags and the information layout all come from this package, so SFT teaches
 the token ids the policy's loop later shows the model.
 
-Each search queries the titles of the supporting paragraphs. In multi-query mode RL's parser
-(``grammar.parse_action``, RAG-R1's split) cuts a search at every separator, so a title that holds one
-("Paris, Texas") is searched with the separator replaced by a space; each information block is then built
-from the queries exactly as the parser reads them back, which is checked as the block is built.
+``Searcher`` decides, round by round, what a trajectory searches, by rule, from what the model could know
+at that point: a query is a supporting page's name that the question states (both entities of a comparison,
+the subject of a PopQA question) or that a passage already shown states (a bridge entity); with neither, the
+question itself. Multi-query mode searches every such name of a round in one call, single-query mode one a
+round; a round follows only for what the last one revealed, and none once an answer is in sight and every
+name the question states has been searched. What comes back is whatever the retriever
+returns (the caller searches: this package imports no client), and a trajectory is kept only where the
+documents its blocks showed (cut to the per-query budget, as the model sees them) contain an answer alias, as
+trajectories of a real search would be filtered.
+
+In multi-query mode RL's parser (``grammar.parse_action``, RAG-R1's split) cuts a search at every
+separator, so a name that holds one ("Paris, Texas") is searched with the separator replaced by a space;
+each information block is built from the queries exactly as the parser reads them back, checked as the
+block is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
+import re
+import string
 from collections.abc import Sequence
 
 from ragr1.protocol.grammar import parse_action
 from ragr1.protocol.information import InformationFormat, Passage
-from ragr1.protocol.prompts import MAX_QUERIES, QUERY_SEPARATOR, Mode
+from ragr1.protocol.prompts import MAX_QUERIES, MAX_QUERY_CHARS, MAX_TURNS, QUERY_SEPARATOR, Mode
 
 Piece = tuple[str, bool]
+
+# Punctuation becomes a space, so that "Rankin's" still names "Rankin" and "Nobody's Hero" names itself.
+_PUNCTUATION = str.maketrans({c: " " for c in string.punctuation})
+# A page's qualifier: "The Deep Blue Sea (1955 film)" is named "The Deep Blue Sea" in running text.
+_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
 
 
 def think(text: str) -> str:
@@ -43,66 +59,153 @@ def answer(text: str) -> str:
     return f"<answer> {text} </answer>"
 
 
+def _words(text: str) -> str:
+    """``text`` as lower-case words between spaces, for whole-word containment."""
+    return " " + " ".join(text.lower().translate(_PUNCTUATION).split()) + " "
+
+
+def names(title: str) -> list[str]:
+    """The ways running text names the page ``title``: its title without a qualifier in brackets, and the
+    part before its first comma ("Van Hook Township, Mountrail County, North Dakota" -> "Van Hook Township")."""
+    bare = _QUALIFIER.sub("", title).strip() or title.strip()
+    out = [bare]
+    head = bare.split(",")[0].strip()
+    if head and head != bare:
+        out.append(head)
+    return [n for n in out if _words(n).strip()]
+
+
+def named_in(title: str, text: str) -> str | None:
+    """The name of page ``title`` that ``text`` states as whole words, or None."""
+    words = _words(text)
+    return next((n for n in names(title) if _words(n) in words), None)
+
+
+def contained_alias(answers: Sequence[str], texts: Sequence[str]) -> str | None:
+    """The first answer alias some text states as whole words, or None."""
+    shown = [_words(text) for text in texts]
+    for alias in answers:
+        words = _words(alias)
+        if words.strip() and any(words in text for text in shown):
+            return alias
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class SupportedQuestion:
-    """A training question with the paragraphs that answer it (HotpotQA/MuSiQue/PopQA train files)."""
+    """A training question with the pages that answer it (HotpotQA/MuSiQue/PopQA train files)."""
 
     question: str
-    answer: str
-    # (title, text) of each supporting paragraph, in the order a search should find them.
-    gold: list[tuple[str, str]]
-    # Non-supporting paragraphs, to fill each query's top-k as a retriever would.
-    distractors: list[tuple[str, str]]
+    # Every accepted answer alias.
+    answers: list[str]
+    # Titles of the supporting pages.
+    gold: list[str]
+    source: str = ""
+    question_type: str = ""
 
 
-def _results(item: SupportedQuestion, call: Sequence[tuple[str, str]], top_k: int,
-             rng: random.Random) -> list[list[Passage]]:
-    """One top-k list per query: the gold paragraph first, then distractors."""
-    results = []
-    for paragraph in call:
-        fill = rng.sample(item.distractors, min(top_k - 1, len(item.distractors)))
-        results.append([Passage("", title, text) for title, text in [paragraph, *fill]])
-    return results
+class Searcher:
+    """One trajectory's searches, decided round by round from what has been shown (see the module's doc).
 
+    ``queries()`` gives the next round's queries ([] once the trajectory should answer); the caller searches
+    them and hands the results to ``read``; ``pieces()`` is the finished response, ``None`` where the shown
+    passages hold no answer alias."""
 
-def trajectory(
-    item: SupportedQuestion,
-    mode: Mode,
-    information: InformationFormat,
-    *,
-    top_k: int,
-    max_queries: int = MAX_QUERIES,
-    separator: str = QUERY_SEPARATOR,
-    seed: int = 0,
-) -> list[Piece]:
-    """The response as pieces. Multi-query mode searches every supporting title in one call (at most
-    ``max_queries`` per call); single-query mode searches them one at a time; no-retrieval mode answers."""
-    if mode is Mode.SEARCH_R1:
-        raise ValueError("no SFT trajectories in Search-R1's mode: Search-R1 trains with RL alone, from the base model")
-    rng = random.Random(f"{seed}:{item.question}")
-    gold = item.gold
-    if mode is Mode.NONE:
-        calls: list[list[tuple[str, str]]] = []
-    elif mode is Mode.MULTI:
-        calls = [gold[i : i + max_queries] for i in range(0, len(gold), max_queries)]
-    else:
-        calls = [[g] for g in gold]
-    multi = mode is Mode.MULTI
-    pieces: list[Piece] = []
-    for n, call in enumerate(calls):
-        queries = [search_query(t, separator) if multi else t.strip() for t, _ in call]
-        reason = (
-            f"I need to know about {', '.join(queries)} to answer the question."
-            if n == 0
-            else f"I still need to know about {', '.join(queries)}."
-        )
-        searched = think(reason) + search_call(queries, separator)
-        read = parse_action(searched, multi_query=multi, separator=separator, max_queries=max_queries).queries
-        if list(read) != queries:
-            raise ValueError(f"SFT search {searched!r} reads as {list(read)}, not as the queries {queries}")
-        pieces.append((searched, True))
-        block = information.block(queries, _results(item, call, top_k, rng), multi)
-        pieces.append((block, False))
-    conclusion = "The documents show" if calls else "I know"
-    pieces.append((think(f"{conclusion} the answer is {item.answer}.") + answer(item.answer), True))
-    return pieces
+    def __init__(self, item: SupportedQuestion, mode: Mode, information: InformationFormat, *,
+                 max_rounds: int = MAX_TURNS, max_queries: int = MAX_QUERIES,
+                 separator: str = QUERY_SEPARATOR, max_query_chars: int = MAX_QUERY_CHARS) -> None:
+        if mode is Mode.SEARCH_R1:
+            raise ValueError("no SFT trajectories in Search-R1's mode: Search-R1 trains with RL alone, from the base model")
+        self.item = item
+        self.mode = mode
+        self.information = information
+        self.max_rounds = 0 if mode is Mode.NONE else max_rounds
+        self.max_queries = max_queries if mode is Mode.MULTI else 1
+        self.separator = separator
+        self.max_query_chars = max_query_chars
+        # Titles of the passages shown, and the documents' text as the blocks showed it (cut to the budget).
+        self.shown: set[str] = set()
+        self.texts: list[str] = []
+        self.searched: set[str] = set()  # gold titles searched
+        self.rounds: list[list[str]] = []
+        self._pieces: list[Piece] = []
+        self._next = self._plan()
+
+    # -- what to search -----------------------------------------------------------------------
+    def _found(self, title: str) -> bool:
+        return title in self.searched or title in self.shown
+
+    def _plan(self) -> list[tuple[str, str]]:
+        """(gold title, name to search) of every page the model could name now and has not found, the
+        question's names first (in the order the question states them), then what passages revealed."""
+        from_question = []
+        for title in self.item.gold:
+            name = named_in(title, self.item.question)
+            if name is not None and not self._found(title):
+                from_question.append((_words(self.item.question).find(_words(name)), title, name))
+        revealed: list[tuple[str, str]] = []
+        if contained_alias(self.item.answers, self.texts) is not None:
+            # An answer is in sight: only what the question itself names is still worth a round.
+            return [(t, n) for _, t, n in sorted(from_question)]
+        for title in self.item.gold:
+            if self._found(title) or any(t == title for _, t, _ in from_question):
+                continue
+            name = next((n for text in self.texts if (n := named_in(title, text))), None)
+            if name is not None:
+                revealed.append((title, name))
+        return [(t, n) for _, t, n in sorted(from_question)] + revealed
+
+    def queries(self) -> list[str]:
+        if len(self.rounds) >= self.max_rounds:
+            return []
+        if not self.rounds and not self._next:
+            return [self._query(self.item.question)]  # nothing named yet: the question itself
+        return [self._query(name) for _, name in self._next[: self.max_queries]]
+
+    def _query(self, text: str) -> str:
+        text = search_query(text, self.separator) if self.mode is Mode.MULTI else " ".join(text.split())
+        return text[: self.max_query_chars]
+
+    # -- what came back -----------------------------------------------------------------------
+    def read(self, queries: Sequence[str], results: Sequence[Sequence[Passage]]) -> None:
+        """The round that searched ``queries`` (as ``queries()`` gave them) and got ``results``."""
+        multi = self.mode is Mode.MULTI
+        searched = think(self._reason(queries)) + search_call(queries, self.separator)
+        read = parse_action(searched, multi_query=multi, separator=self.separator,
+                            max_queries=self.max_queries).queries
+        if list(read) != list(queries):
+            raise ValueError(f"SFT search {searched!r} reads as {list(read)}, not as the queries {list(queries)}")
+        self._pieces.append((searched, True))
+        self._pieces.append((self.information.block(queries, results, multi), False))
+        planned = dict((self._query(name), title) for title, name in self._next)
+        self.searched |= {planned[q] for q in queries if q in planned}
+        texts = self.information.shown(results, multi)
+        # A passage the cut left out was not shown.
+        self.shown |= {p.title for passages in results for p in passages if any(f'"{p.title}"\n' in t for t in texts)}
+        self.texts += texts
+        self.rounds.append(list(queries))
+        self._next = self._plan()
+
+    def _reason(self, queries: Sequence[str]) -> str:
+        listed = " and ".join(queries)
+        if not self.rounds:
+            if queries == [self._query(self.item.question)] and not self._next:
+                return "I need to search for the question."
+            return f"I need to know about {listed}."
+        revealed = [q for q in queries if named_in(q, self.item.question) is None]
+        if revealed:
+            return f"The documents mention {' and '.join(revealed)}. I need to know about {listed}."
+        return f"I still need to know about {listed}."
+
+    # -- the response --------------------------------------------------------------------------
+    def pieces(self) -> list[Piece] | None:
+        """The whole response, or None where the search showed no answer alias (no-retrieval mode answers
+        with the first alias)."""
+        if self.mode is Mode.NONE:
+            said, conclusion = self.item.answers[0], "I know"
+        else:
+            found = contained_alias(self.item.answers, self.texts)
+            if found is None:
+                return None
+            said, conclusion = found, "The documents show"
+        return [*self._pieces, (think(f"{conclusion} the answer is {said}.") + answer(said), True)]

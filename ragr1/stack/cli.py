@@ -121,9 +121,11 @@ def _scale(config: ScaleConfig) -> int:
 def _prepare(config: PrepareConfig) -> int:
     from ragr1.stack.prepare import prepare
 
-    done = prepare(config.train_files, Path(config.out), config, config.model, config.limit)
+    done = prepare(config.train_files, Path(config.out), config, config.model, config.limit,
+                   config.retriever_address, config.max_turns)
     print(f"{done.questions} questions -> {done.prompts}, {done.parquet['single']}, {done.parquet['multi']}")
-    print(f"{done.trajectories} SFT trajectories (single and multi-query) -> {done.sft}")
+    print(f"{done.trajectories} of {done.searched} SFT trajectories (single and multi-query) showed an answer "
+          f"-> {done.sft}")
     return 0
 
 

@@ -9,6 +9,7 @@ from ragr1.services.common import ports
 from ragr1.services.common.config import InformationSettings, Validated, check_at_least, check_choice, same_as, setting
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.config import BuildConfig
+from ragr1.services.trainer.config import SFTConfig
 from ragr1.shipped import EVAL_BENCHMARKS, TRAIN_SETS
 from ragr1.stack.evaluate import parse_modes
 from ragr1.stack.supervisor import RestartPolicy
@@ -146,6 +147,8 @@ class PrepareConfig(InformationSettings):
     limit: int | None = setting(None, "first N questions of each file")
     # The policy's: its tokenizer cuts the information blocks.
     model: str = same_as(PolicyConfig, "model")
+    retriever_address: str = same_as(SFTConfig, "retriever_address")
+    max_turns: int = same_as(SFTConfig, "max_turns")
 
     def validate(self) -> None:
         super().validate()

@@ -65,7 +65,8 @@ SFT_VERSION = 1
 # The rollout workers' consumer group on the prompts stream (the policy's default).
 # What the demo sets on its ``ragr1 train sft`` and ``ragr1 train ppo`` itself: where they run, what they
 # start from and write, its own question files, and the information blocks, which must be the policy's.
-SFT_SET_BY_DEMO = ("model", "train_files", "limit", "modes", "top_k", "tokens_per_query", "output_dir")
+SFT_SET_BY_DEMO = ("model", "train_files", "limit", "modes", "top_k", "tokens_per_query", "output_dir",
+                   "retriever_address", "max_turns")
 PPO_SET_BY_DEMO = (
     *(f.name for f in dataclasses.fields(ServerConfig) if f.name != "log_level"),
     *(f.name for f in dataclasses.fields(QueueConfig)),
@@ -251,12 +252,14 @@ class Demo:
 
     # -- training -------------------------------------------------------------------------------
     def sft_args(self, out: Path) -> list[str]:
-        """``ragr1 train sft``'s arguments: the demo's SFT questions, both modes, the loop's block budget."""
+        """``ragr1 train sft``'s arguments: the demo's SFT questions, both modes, searched through the stack's
+        retriever with the loop's block budget and turns."""
         c = self.config
         return ["train", "sft", *flags(SFTConfig, {
             **chosen(c.sft, SFT_SET_BY_DEMO),
             "model": str(self.model), "train_files": [str(self.train_file)], "limit": 0,
             "modes": ["single", "multi"], "tokens_per_query": c.tokens_per_query, "output_dir": str(out),
+            "retriever_address": f"{wiring.HOST}:{self.ports.router}", "max_turns": c.max_turns,
         })]
 
     def sft(self) -> Path:

@@ -3,7 +3,8 @@
 - ``prompts.jsonl``: RL prompts in the QA layout (``ragr1 train ppo --prompts-file``);
 - ``prompts-single.parquet``, ``prompts-multi.parquet``: the same in Search-R1 / RAG-R1's parquet
   layout (the chat prompt of each mode), for their existing training scripts;
-- ``sft.jsonl``: format-learning trajectories in both modes as text pieces marked generated or not
+- ``sft.jsonl``: format-learning trajectories in both modes, searched through a running retriever as
+  rollouts search (``ragr1.services.trainer.sft_search``), as text pieces marked generated or not
   (``ragr1 train sft --train-files sft.jsonl``).
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ragr1.protocol.prompts import MAX_TURNS
 from ragr1.services.common.config import InformationSettings
 from ragr1.shipped import read_jsonl, record_source, train_source
 from ragr1.stack.questions import write_jsonl
@@ -27,16 +29,19 @@ class Prepared:
     sft: Path
     questions: int
     trajectories: int
+    # Trajectories searched; those whose blocks showed no answer alias are not written.
+    searched: int
 
 
 def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: str = "",
-            limit: int | None = None) -> Prepared:
+            limit: int | None = None, retriever_address: str = "", max_turns: int = MAX_TURNS) -> Prepared:
     """The information blocks of the trajectories are cut per query with the tokenizer of ``model`` (the
-    policy's ``--model``), as the policy cuts them. Every input is read before transformers is imported
-    (seconds), so that a bad file or model folder is refused at once."""
+    policy's ``--model``), as the policy cuts them, and show what the retriever at ``retriever_address``
+    returns. Every input is read before transformers is imported (seconds), and the trajectories are searched
+    before anything is written, so that a bad file, model folder or retriever leaves nothing behind."""
     from ragr1.model_paths import policy_checkpoint
     from ragr1.protocol.information import InformationFormat
-    from ragr1.services.trainer import data
+    from ragr1.services.trainer import data, sft_search
 
     paths = [train_source(s) for s in sources]  # every file is found before anything is written
     checkpoint = policy_checkpoint(model)
@@ -46,16 +51,17 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
         for record in read_jsonl(path, limit):
             records.append({k: record[k] for k in QA_FIELDS if k in record}
                            | {"data_source": record_source(record, path)})
+    from transformers import AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))
+    information = InformationFormat(tokenizer, blocks.tokens_per_query)
+    searched = sft_search.search_through(retriever_address, supported, ("single", "multi"), information,
+                                         top_k=blocks.top_k, max_rounds=max_turns)
     out.mkdir(parents=True, exist_ok=True)
     prompts = write_jsonl(records, out / "prompts.jsonl")
     parquet = {}
     for mode in ("single", "multi"):
         parquet[mode] = out / f"prompts-{mode}.parquet"
         data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
-    from transformers import AutoTokenizer
-
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))
-    information = InformationFormat(tokenizer, blocks.tokens_per_query)
-    trajectories = data.sft_trajectories(supported, ("single", "multi"), information, blocks.top_k)
-    sft = write_jsonl((t.to_record() for t in trajectories), out / "sft.jsonl")
-    return Prepared(prompts, parquet, sft, len(records), len(trajectories))
+    sft = write_jsonl((t.to_record() for t in searched.trajectories), out / "sft.jsonl")
+    return Prepared(prompts, parquet, sft, len(records), len(searched.trajectories), len(supported) * 2)

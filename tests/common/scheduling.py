@@ -26,7 +26,7 @@ LONG_MODULES = (
     "tests/trainer/test_loop.py",
 )
 
-# One worker runs all of a group. The policy modules and the scale rig's share the session's retriever and reward
+# One worker runs all of a group. The policy modules, the scale rig's and the SFT search's (train sft, data prepare) share the session's retriever and reward
 # servers (tests/common/servers.py); the async loop's and the engine's modules share its in-process vLLM engine
 # (tests/common/engine.py).
 GROUPS = {
@@ -39,6 +39,8 @@ GROUPS = {
         "tests/policy/test_streaming.py",
         "tests/policy/test_worker.py",
         "tests/bench/test_scale_rig.py",
+        "tests/trainer/test_sft_search.py",
+        "tests/stack/test_prepare.py",
     ),
 }
 _GROUP_OF = {module: group for group, modules in GROUPS.items() for module in modules}

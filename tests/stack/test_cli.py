@@ -36,16 +36,18 @@ def test_data_prepare_passes_every_setting_on(tmp_path: Path, monkeypatch: pytes
 
     def prepare(*args: Any) -> Prepared:
         calls.append(args)
-        return Prepared(Path("p"), {"single": Path("s"), "multi": Path("m")}, Path("sft"), 0, 0)
+        return Prepared(Path("p"), {"single": Path("s"), "multi": Path("m")}, Path("sft"), 0, 0, 0)
 
     monkeypatch.setattr("ragr1.stack.prepare.prepare", prepare)
     (tmp_path / "prepare.json").write_text('{"train_files": ["hotpotqa", "mine.jsonl"], "top_k": 5}')
     monkeypatch.setenv("RAGR1_TOKENS_PER_QUERY", "99")
     monkeypatch.setenv("RAGR1_MODEL", "my-model")
-    assert main(["data", "prepare", "--config", str(tmp_path / "prepare.json"), "--limit", "3", "--top-k", "2"]) == 0
-    ((sources, out, blocks, model, limit),) = calls
-    assert (sources, out, blocks.top_k, blocks.tokens_per_query, model, limit) == (
-        ["hotpotqa", "mine.jsonl"], Path("runs/data"), 2, 99, "my-model", 3)
+    monkeypatch.setenv("RAGR1_RETRIEVER_ADDRESS", "10.0.0.2:50051")
+    assert main(["data", "prepare", "--config", str(tmp_path / "prepare.json"), "--limit", "3", "--top-k", "2",
+                 "--max-turns", "2"]) == 0
+    ((sources, out, blocks, model, limit, retriever, turns),) = calls
+    assert (sources, out, blocks.top_k, blocks.tokens_per_query, model, limit, retriever, turns) == (
+        ["hotpotqa", "mine.jsonl"], Path("runs/data"), 2, 99, "my-model", 3, "10.0.0.2:50051", 2)
 
 
 def test_up_and_demo_read_the_same_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

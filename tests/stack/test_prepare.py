@@ -11,17 +11,23 @@ import pytest
 from ragr1.cli import main
 from ragr1.protocol.information import InformationFormat
 from ragr1.services.common.config import InformationSettings
-from ragr1.services.trainer import data
+from ragr1.services.common.process import ServiceProcess
+from ragr1.services.common.redis_server import free_port
+from ragr1.services.retriever.client import RetrieverClient
+from ragr1.services.trainer import data, sft_search
 from ragr1.shipped import train_path
 from ragr1.stack.prepare import prepare
 
 
-def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, policy_model_dir: Path, tokenizer: Any) -> None:
-    # Through the command line: its --top-k, --tokens-per-query and --model must reach the trajectories.
+def test_prepared_files_round_trip_into_the_trainer(
+    tmp_path: Path, policy_model_dir: Path, tokenizer: Any, retriever_server: ServiceProcess
+) -> None:
+    # Through the command line: its --top-k, --tokens-per-query, --model and --retriever-address must reach the
+    # trajectories.
     blocks = InformationSettings(top_k=2, tokens_per_query=100)
     assert main(["data", "prepare", "--train-files", "hotpotqa,popqa", "--out", str(tmp_path), "--limit", "2",
                  "--top-k", str(blocks.top_k), "--tokens-per-query", str(blocks.tokens_per_query),
-                 "--model", str(policy_model_dir)]) == 0
+                 "--model", str(policy_model_dir), "--retriever-address", retriever_server.target]) == 0
     prompts, sft = tmp_path / "prompts.jsonl", tmp_path / "sft.jsonl"
     for mode in ("single", "multi"):
         from_jsonl = data.load_tasks(prompts, mode)
@@ -34,14 +40,11 @@ def test_prepared_files_round_trip_into_the_trainer(tmp_path: Path, policy_model
 
     items = [q for name in ("hotpotqa", "popqa") for q in data.load_supported_questions(train_path(name), 2)]
     information = InformationFormat(tokenizer, blocks.tokens_per_query)
-    built = data.tokenize_trajectories(
-        tokenizer, data.sft_trajectories(items, ("single", "multi"), information, blocks.top_k)
-    )
-    loaded = data.tokenize_trajectories(tokenizer, data.load_trajectories(sft))
-    assert len(loaded) == 8
-    assert [(s.prompt_ids, s.response_ids, s.loss_mask) for s in loaded] == [
-        (s.prompt_ids, s.response_ids, s.loss_mask) for s in built
-    ]
+    with RetrieverClient(retriever_server.target) as client:
+        built = sft_search.search_trajectories(items, ("single", "multi"), information,
+                                               sft_search.retriever_search(client, blocks.top_k))
+    loaded = data.load_trajectories(sft)
+    assert loaded == built.trajectories and loaded
     assert data.is_trajectory_file(sft) and not data.is_trajectory_file(prompts)
 
 
@@ -55,4 +58,7 @@ def test_a_bad_record_or_model_is_refused_before_anything_is_written(tmp_path: P
         prepare([str(tmp_path / "nope.jsonl")], tmp_path / "out", InformationSettings())
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         prepare(["hotpotqa"], tmp_path / "out", InformationSettings(), model=str(tmp_path))
+    nobody = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ValueError, match=rf"search the retriever at {nobody}"):
+        prepare(["hotpotqa"], tmp_path / "out", InformationSettings(), limit=1, retriever_address=nobody)
     assert not (tmp_path / "out").exists()

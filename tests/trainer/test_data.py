@@ -9,12 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragr1.protocol.information import InformationFormat
 from ragr1.protocol.prompts import Mode, question_prompt
 from ragr1.services.trainer import data
 from ragr1.services.trainer.model import PolicyModel
 from ragr1.shipped import train_path
 from ragr1.v1 import common_pb2
+from tests.common import corpus_search
 from tests.trainer.rounding import rounding
 
 
@@ -90,26 +90,22 @@ def test_jsonl_with_missing_answers_names_file_line_and_field(tmp_path: Path) ->
 
 
 def test_sft_trajectories_mask_exactly_the_information_blocks(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    items = data.load_supported_questions(train_path("hotpotqa"), limit=1)
-    information = InformationFormat(tokenizer, 60)
-    trajectories = data.sft_trajectories(items, ("single", "multi"), information, top_k=3)
-    single, multi = data.tokenize_trajectories(tokenizer, trajectories)
-    item = items[0]
-    for seq, calls in ((single, len(item.gold)), (multi, 1)):
-        generated = tokenizer.decode([t for t, m in zip(seq.response_ids, seq.loss_mask, strict=True) if m])
-        inserted = tokenizer.decode(
-            [t for t, m in zip(seq.response_ids, seq.loss_mask, strict=True) if not m]
-        )
-        assert generated.count("<search>") == calls and "<information>" not in generated
-        assert f"<answer> {item.answer} </answer>" in generated
-        assert generated.endswith(tokenizer.eos_token)
-        assert inserted.count("<information>") == calls
-        assert tokenizer.decode(seq.prompt_ids).count(item.question) == 1
+    items = corpus_search.named_questions(train_path("hotpotqa"), 3)
+    trajectories = corpus_search.trajectories(items, ("single", "multi"), tokenizer, 60)
+    assert {t.mode for t in trajectories} == {Mode.SINGLE, Mode.MULTI}
+    for t, seq in zip(trajectories, data.tokenize_trajectories(tokenizer, trajectories), strict=True):
+        generated = tokenizer.decode([i for i, m in zip(seq.response_ids, seq.loss_mask, strict=True) if m])
+        inserted = tokenizer.decode([i for i, m in zip(seq.response_ids, seq.loss_mask, strict=True) if not m])
+        assert generated.count("<search>") == t.rounds > 0 and "<information>" not in generated
+        assert generated.endswith(tokenizer.eos_token) and "</answer>" in generated
+        assert inserted.count("<information>") == t.rounds
+        assert tokenizer.decode(seq.prompt_ids).count(t.question) == 1
 
 
 def test_prepared_trajectories_file_round_trips_and_names_bad_lines(tokenizer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    items = data.load_supported_questions(train_path("hotpotqa"), limit=2)
-    trajectories = data.sft_trajectories(items, ("multi", "none"), InformationFormat(tokenizer, 60), top_k=2)
+    items = corpus_search.named_questions(train_path("hotpotqa"), 2)
+    trajectories = corpus_search.trajectories(items, ("multi", "none"), tokenizer, 60)
+    assert {(t.source, t.question_type) for t in trajectories} == {("hotpotqa", "bridge")}
     path = tmp_path / "sft.jsonl"
     path.write_text("".join(json.dumps(t.to_record()) + "\n" for t in trajectories))
     assert data.is_trajectory_file(path) and data.load_trajectories(path) == trajectories
@@ -118,14 +114,23 @@ def test_prepared_trajectories_file_round_trips_and_names_bad_lines(tokenizer, t
         data.load_trajectories(path)
 
 
-def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir: Path, tmp_path: Path) -> None:
+def trajectory_file(path: Path, tokenizer, questions: int) -> str:  # type: ignore[no-untyped-def]
+    """A trajectories file as ``ragr1 data prepare`` writes it, of the first HotpotQA questions."""
+    items = corpus_search.named_questions(train_path("hotpotqa"), questions)
+    trajectories = corpus_search.trajectories(items, ("single", "multi"), tokenizer, 120)
+    assert trajectories
+    path.write_text("".join(json.dumps(t.to_record()) + "\n" for t in trajectories))
+    return str(path)
+
+
+def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir: Path, tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
     from ragr1.services.trainer.config import SFTConfig
     from ragr1.services.trainer.sft import SFTTrainer
 
     config = SFTConfig(
         model=str(tiny_model_dir),
         output_dir=str(tmp_path),
-        limit=1,
+        train_files=[trajectory_file(tmp_path / "sft.jsonl", tokenizer, 1)],
         top_k=1,
         tokens_per_query=40,
         lr=3e-3,
@@ -144,18 +149,19 @@ def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir: Path, tmp_path: P
     assert (tmp_path / "sft_steps.jsonl").exists() and (tmp_path / "sft_curves.png").exists()
 
 
-def test_an_sft_steps_loss_and_gradient_do_not_depend_on_its_micro_batches(tiny_model_dir: Path,
-                                                                           tmp_path: Path) -> None:
+def test_an_sft_steps_loss_and_gradient_do_not_depend_on_its_micro_batches(  # type: ignore[no-untyped-def]
+        tiny_model_dir: Path, tmp_path: Path, tokenizer) -> None:
     """The step sums its micro-batches' losses on the device and reads them once: one micro-batch per sequence
     reports the loss and gradient norm of the whole batch in one pass (token-weighted over the batch)."""
     from ragr1.services.trainer.config import SFTConfig
     from ragr1.services.trainer.sft import SFTTrainer
 
     vocabulary = 0
+    prepared = trajectory_file(tmp_path / "sft.jsonl", tokenizer, 4)
 
     def step(micro_batch_size: int) -> dict[str, float]:
         nonlocal vocabulary
-        config = SFTConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), limit=2, top_k=1,
+        config = SFTConfig(model=str(tiny_model_dir), output_dir=str(tmp_path), train_files=[prepared], top_k=1,
                            tokens_per_query=40, bf16=False, batch_size=4, micro_batch_size=micro_batch_size)
         trainer = SFTTrainer(config, PolicyModel(tiny_model_dir, bf16=False))
         vocabulary = trainer.model.base().config.vocab_size

@@ -27,6 +27,8 @@ from ragr1.protocol.information import InformationFormat, Passage
 from ragr1.protocol.prompts import (
     INVALID_ACTION_FEEDBACK,
     MAX_QUERIES,
+    MAX_QUERY_CHARS,
+    MAX_TURNS,
     QUERY_SEPARATOR,
     Mode,
     Tokenizer,
@@ -154,8 +156,8 @@ class LoopConfig(ContextSettings, InformationSettings):
     mode: str = setting(Mode.MULTI.value, "search mode of tasks that do not say: multi, single, none or search-r1")
     query_separator: str = setting(QUERY_SEPARATOR, "separator of queries inside <search>")
     max_queries_per_search: int = setting(MAX_QUERIES, "query cap per <search> (multi mode)")
-    max_turns: int = setting(4, "generation turns before the final answer turn (RAG-R1: 4)")
-    max_query_chars: int = setting(512, "queries are cut to this many characters")
+    max_turns: int = setting(MAX_TURNS, "generation turns before the final answer turn (RAG-R1: 4)")
+    max_query_chars: int = setting(MAX_QUERY_CHARS, "queries are cut to this many characters")
     retrieval_timeout_seconds: float = setting(30.0, "deadline of one search call")
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal, get_args
 
-from ragr1.protocol.prompts import Mode
+from ragr1.protocol.prompts import MAX_TURNS, Mode
 from ragr1.services.common import ports
 from ragr1.services.common.config import InformationSettings, Validated, check_at_least, check_choice, setting
 from ragr1.services.common.server import ServerConfig
@@ -65,13 +65,18 @@ class SFTConfig(InformationSettings, ModelSettings):
         factory=True,
     )
     limit: int = setting(64, "questions per training set")
+    # A QA file's trajectories search the retriever as rollouts do; a prepared trajectories file needs none.
+    retriever_address: str = setting(
+        f"127.0.0.1:{ports.RETRIEVER}", "Retriever (router) gRPC address the SFT trajectories of QA files search"
+    )
+    max_turns: int = setting(MAX_TURNS, "searches an SFT trajectory makes at most (the policy's max_turns)")
     lr: float = setting(1e-5, "learning rate")
     epochs: int = setting(1, "passes over the trajectories")
     batch_size: int = setting(8, "sequences per optimiser step")
 
     def validate(self) -> None:
         super().validate()
-        check_at_least(self, (("lora_rank", 0),))
+        check_at_least(self, (("lora_rank", 0), ("max_turns", 0)))
 
 
 # Learning rates by parameterisation. Full fine-tuning: RAG-R1's (verl's PPO run of Qwen2.5-7B). LoRA: its

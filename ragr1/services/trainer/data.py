@@ -1,4 +1,4 @@
-"""Training data: RL prompts from QA files or Search-R1 parquet, and SFT trajectories.
+"""Training data: RL prompts from QA files or Search-R1 parquet, and SFT trajectories (searched: ``sft_search``).
 
 Every reader checks its records before any training starts: a missing or malformed field raises
 ``ValueError`` naming the file, the line (JSONL) or row (parquet), and the field.
@@ -16,9 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.protocol.information import InformationFormat
 from ragr1.protocol.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
-from ragr1.protocol.trajectories import Piece, SupportedQuestion, trajectory
+from ragr1.protocol.trajectories import Piece, SupportedQuestion
 from ragr1.shipped import read_jsonl_numbered, record_source
 from ragr1.v1 import common_pb2
 
@@ -184,23 +183,23 @@ def load_tasks(path: Path, mode: str | int, limit: int | None = None) -> list[co
 
 
 def load_supported_questions(path: Path, limit: int | None = None) -> list[SupportedQuestion]:
-    """Questions of ``ragr1.shipped.train_path(...)`` files with their supporting paragraphs."""
+    """Questions of ``ragr1.shipped.train_path(...)`` files with the titles of their supporting paragraphs."""
     out = []
     for lineno, record in read_jsonl_numbered(path, limit):
         where = f"{path}:{lineno}"
         question = _require(record, "question", where)
         answers = _answers(_require(record, "golden_answers", where), where, "golden_answers")
         paragraphs = _require(record, "paragraphs", where)
-        gold: list[tuple[str, str]] = []
-        other: list[tuple[str, str]] = []
+        gold: list[str] = []
         for i, p in enumerate(paragraphs):
-            for key in ("title", "text"):
-                if key not in p:
-                    raise ValueError(f"{where}: missing field 'paragraphs[{i}].{key}'")
-            (gold if p.get("is_supporting") else other).append((p["title"], p["text"]))
+            if "title" not in p:
+                raise ValueError(f"{where}: missing field 'paragraphs[{i}].title'")
+            if p.get("is_supporting"):
+                gold.append(p["title"])
         if not gold:
             raise ValueError(f"{where}: no paragraph has 'is_supporting' set")
-        out.append(SupportedQuestion(question, answers[0], gold, other))
+        out.append(SupportedQuestion(question, answers, gold, record_source(record, path),
+                                     str(record.get("type") or "")))
     return out
 
 
@@ -228,27 +227,22 @@ def tokenize_segments(
 
 @dataclasses.dataclass(frozen=True)
 class SFTTrajectory:
-    """One SFT trajectory as text: the question, its mode, and the response in (text, generated) pieces."""
+    """One SFT trajectory as text: the question, its mode, and the response in (text, generated) pieces;
+    where the question came from and what its search did, for the record of what SFT trained on."""
 
     question: str
     mode: Mode
     segments: list[Piece]
+    source: str = ""
+    question_type: str = ""
+    # Search calls and queries of the response (0 in no-retrieval mode).
+    rounds: int = 0
+    queries: int = 0
 
     def to_record(self) -> dict[str, Any]:
-        return {"question": self.question, "mode": self.mode.value,
+        return {"question": self.question, "mode": self.mode.value, "source": self.source,
+                "question_type": self.question_type, "rounds": self.rounds, "queries": self.queries,
                 "segments": [{"text": text, "generated": generated} for text, generated in self.segments]}
-
-
-def sft_trajectories(
-    items: Sequence[SupportedQuestion], modes: Sequence[str], information: InformationFormat, top_k: int
-) -> list[SFTTrajectory]:
-    """One trajectory per question and mode, with information blocks as the loop would build them."""
-    out = []
-    for item in items:
-        for name in modes:
-            mode = Mode.parse(name)
-            out.append(SFTTrajectory(item.question, mode, trajectory(item, mode, information, top_k=top_k)))
-    return out
 
 
 def load_trajectories(path: Path, limit: int | None = None) -> list[SFTTrajectory]:
@@ -269,7 +263,9 @@ def load_trajectories(path: Path, limit: int | None = None) -> list[SFTTrajector
             if not isinstance(piece, dict) or not isinstance(piece.get("text"), str) or "generated" not in piece:
                 raise ValueError(f"{where}: field 'segments[{i}]' needs 'text' and 'generated'")
             segments.append((piece["text"], bool(piece["generated"])))
-        out.append(SFTTrajectory(str(question), mode, segments))
+        out.append(SFTTrajectory(str(question), mode, segments, str(record.get("source") or ""),
+                                 str(record.get("question_type") or ""), int(record.get("rounds") or 0),
+                                 int(record.get("queries") or 0)))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -14,7 +15,7 @@ import torch
 from ragr1 import shipped
 from ragr1.model_paths import policy_checkpoint
 from ragr1.protocol.information import InformationFormat
-from ragr1.services.trainer import data, ppo_math
+from ragr1.services.trainer import data, ppo_math, sft_search
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
 from ragr1.services.trainer.config import SFTConfig
 from ragr1.services.trainer.model import PolicyModel, collate, init_torch, training_device
@@ -27,6 +28,23 @@ log = logging.getLogger(__name__)
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, denominator: float | None = None) -> torch.Tensor:
     """Mean negative log-likelihood of the generated tokens; inserted tokens contribute nothing."""
     return -ppo_math.masked_mean(logprobs, mask, denominator)
+
+
+def record_data(out: Path, trajectories: Sequence[data.SFTTrajectory], searched: list[dict[str, object]]) -> None:
+    """``sft_data.json``: what SFT trains on, by source, question type and mode (trajectories, mean search
+    rounds and queries), and what the search built and kept; the trajectories themselves in
+    ``sft_trajectories.jsonl``."""
+    groups: dict[tuple[str, str, str], list[data.SFTTrajectory]] = {}
+    for t in trajectories:
+        groups.setdefault((t.source, t.question_type, t.mode.value), []).append(t)
+    trained = [{"source": s, "question_type": q, "mode": m, "trajectories": len(ts),
+                "rounds": sum(t.rounds for t in ts) / len(ts), "queries": sum(t.queries for t in ts) / len(ts)}
+               for (s, q, m), ts in sorted(groups.items())]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sft_data.json").write_text(json.dumps({"trained": trained, "searched": searched}, indent=2) + "\n")
+    with open(out / "sft_trajectories.jsonl", "w", encoding="utf-8") as handle:
+        for t in trajectories:
+            handle.write(json.dumps(t.to_record(), ensure_ascii=False) + "\n")
 
 
 class SFTTrainer:
@@ -45,20 +63,31 @@ class SFTTrainer:
             self.model.optimizer_parameters(), lr=config.lr, weight_decay=0.0, fused=True
         )
 
-    def build_sequences(self) -> list[data.TokenSequence]:
-        """From QA files with supporting paragraphs, or from trajectories ``ragr1 data prepare`` wrote."""
+    def build_trajectories(self) -> list[data.SFTTrajectory]:
+        """From trajectories ``ragr1 data prepare`` wrote, or searched now through the retriever for the
+        questions of QA files with supporting paragraphs (``sft_search``). What was built and kept, by source,
+        question type and mode, goes to ``sft_data.json`` beside the checkpoints."""
         c = self.config
         trajectories: list[data.SFTTrajectory] = []
-        tokenizer: Any = self.model.tokenizer
-        information = InformationFormat(tokenizer, c.tokens_per_query)
+        information = InformationFormat(self.model.tokenizer, c.tokens_per_query)
+        searched: list[dict[str, object]] = []
         for name in c.train_files:
             path = shipped.train_source(name)
             if data.is_trajectory_file(path):
                 trajectories += data.load_trajectories(path, c.limit or None)
-            else:
-                items = data.load_supported_questions(path, c.limit or None)
-                trajectories += data.sft_trajectories(items, c.modes, information, c.top_k)
-        return data.tokenize_trajectories(self.model.tokenizer, trajectories)
+                continue
+            items = data.load_supported_questions(path, c.limit or None)
+            result = sft_search.search_through(
+                c.retriever_address, items, c.modes, information, top_k=c.top_k, max_rounds=c.max_turns,
+                what=f"{path}: its SFT trajectories",
+            )
+            trajectories += result.trajectories
+            searched += result.summary()
+        record_data(Path(c.output_dir), trajectories, searched)
+        return trajectories
+
+    def build_sequences(self) -> list[data.TokenSequence]:
+        return data.tokenize_trajectories(self.model.tokenizer, self.build_trajectories())
 
     def step(self, sequences: Sequence[data.TokenSequence]) -> dict[str, float]:
         """One optimiser step over ``sequences`` (gradients accumulated over micro-batches)."""
