@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.services.common.config import InformationSettings
-from ragr1.shipped import read_jsonl, record_source, train_source
+from ragr1.shipped import question_type, read_jsonl, record_source, train_source
 from ragr1.stack.questions import write_jsonl
 
-QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source")
+QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source", "question_type")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +44,9 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
     records = []
     for path in paths:
         for record in read_jsonl(path, limit):
+            source = record_source(record, path)
             records.append({k: record[k] for k in QA_FIELDS if k in record}
-                           | {"data_source": record_source(record, path)})
+                           | {"data_source": source, "question_type": question_type(record, source)})
     out.mkdir(parents=True, exist_ok=True)
     prompts = write_jsonl(records, out / "prompts.jsonl")
     parquet = {}
