@@ -11,6 +11,7 @@ import fcntl
 import gzip
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,6 +20,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EVAL_BENCHMARKS = ("nq", "tq", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 TRAIN_SETS = ("hotpotqa", "musique", "popqa")
+
+# What a question asks of search: one fact ("single-hop"), a chain whose next entity is only known from the
+# passage before ("bridge"), or the same fact of entities the question names, looked up side by side
+# ("comparison", where parallel queries pay). "" when a record does not say.
+SINGLE_HOP, BRIDGE, COMPARISON = "single-hop", "bridge", "comparison"
+QUESTION_TYPES = (SINGLE_HOP, BRIDGE, COMPARISON)
+# The question type of each data set's own ``type`` labels: HotpotQA's and 2WikiMultiHopQA's by name;
+# MuSiQue's ``2hop``, ``3hop1``, ``4hop3`` … are chains of composed facts (bridges).
+_TYPE_LABELS = {
+    "bridge": BRIDGE, "comparison": COMPARISON,
+    "compositional": BRIDGE, "inference": BRIDGE, "bridge_comparison": COMPARISON,
+}
+_HOPS = re.compile(r"\d+hop\d*")
+# PopQA's relations: each question asks one relation of one subject.
+POPQA_RELATIONS = frozenset({
+    "occupation", "place of birth", "genre", "father", "country", "producer", "director", "capital of",
+    "screenwriter", "composer", "color", "religion", "sport", "author", "mother", "capital",
+})
+# Data sets whose every question is of one type by construction, for records that carry no label (the
+# evaluation files): PopQA fills one relation template, MuSiQue composes single-hop questions into chains.
+_SOURCE_TYPES = {"popqa": SINGLE_HOP, "musique": BRIDGE}
 
 
 def data_dir() -> Path:
@@ -63,6 +85,24 @@ def record_source(record: Mapping[str, Any], path: Path) -> str:
     """The data set a QA record belongs to: its ``data_source`` (Search-R1's field, the evaluation files'),
     else its ``dataset`` (the training files'), else its file's name without extensions."""
     return str(record.get("data_source") or record.get("dataset") or Path(path).name.split(".")[0])
+
+
+def question_type(record: Mapping[str, Any], source: str = "") -> str:
+    """The type of a QA record's question (``QUESTION_TYPES``, or "" when unknown): its own
+    ``question_type`` when it carries one (a file this project wrote), else its data set's ``type`` label
+    (``_TYPE_LABELS``, MuSiQue's hop counts, PopQA's relations), else what its data set's questions all are
+    (``source``, by default the record's ``data_source`` or ``dataset``)."""
+    if record.get("question_type"):
+        return str(record["question_type"])
+    label = str(record.get("type") or "").strip().lower()
+    if label in _TYPE_LABELS:
+        return _TYPE_LABELS[label]
+    if _HOPS.fullmatch(label):
+        return BRIDGE
+    if label in POPQA_RELATIONS:
+        return SINGLE_HOP
+    source = source or str(record.get("data_source") or record.get("dataset") or "")
+    return _SOURCE_TYPES.get(source.strip().lower(), "")
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:

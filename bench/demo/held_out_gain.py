@@ -64,7 +64,9 @@ def main() -> None:
             config: dict[str, Any] = json.loads((run / "report.json").read_text())["config"]
             split = split_questions(config["eval_questions"], config["train_questions"], sources=config["sources"],
                                     rl_per_source=config["rl_questions"], rl_sources=config["rl_sources"] or None,
-                                    gain_per_source=args.questions)
+                                    gain_per_source=args.questions,
+                                    # A report whose config has no balance_types was split in file order.
+                                    balance_types=config.get("balance_types", False))
             questions = evaluate.load_questions(write_jsonl(split.gain, Path(tmp) / f"{run.name}.jsonl"))
             mode = config["ppo"]["mode"]
             stages = [evaluated(path, stage, questions, [mode, "none"])

@@ -51,6 +51,8 @@ from ragr1.stack.gains import (
     held_out_gain,
     refused_gains,
     stage_gains,
+    type_rows,
+    type_table,
 )
 from ragr1.stack.local import run_dir, start_stack
 from ragr1.stack.questions import Split, split_questions, write_jsonl
@@ -116,6 +118,8 @@ class DemoConfig(StackConfig):
         lambda: ["popqa", "hotpotqa"], "sources of the RL prompts (empty: --sources; popqa: its birthplaces)",
         factory=True,
     )
+    balance_types: bool = setting(True, "each source's questions taking turns by question type before the split "
+                                  "(HotpotQA's bridge and comparison ones in every set); off: in file order")
     quick_index: bool = setting(False, "index only the paragraphs of the demo's questions (minutes saved)")
     sft_checkpoint: str = setting(
         "",
@@ -165,7 +169,8 @@ class Demo:
     def questions(self) -> Split:
         c = self.config
         split = split_questions(c.eval_questions, c.train_questions, sources=c.sources, rl_per_source=c.rl_questions,
-                                rl_sources=c.rl_sources or None, gain_per_source=c.gain_questions)
+                                rl_sources=c.rl_sources or None, gain_per_source=c.gain_questions,
+                                balance_types=c.balance_types)
         data_dir = self.directory / "data"
         self.eval_file = write_jsonl(split.eval, data_dir / "eval.jsonl")
         self.train_file = write_jsonl(split.train, data_dir / "train.jsonl")
@@ -403,6 +408,7 @@ class Demo:
         gains = stage_gains(self.stages, self.config.sources)
         refused = refused_gains(self.stages)
         held_out = held_out_gain(self.stages, self.config.ppo.mode)
+        by_type = type_rows(self.stages)
         plots = {
             "training": str(report.plot_training(sft_steps, rl_steps, self.directory / "training.png")),
             "latency": str(report.plot_latencies(latencies, self.directory / "latency.png")),
@@ -421,6 +427,7 @@ class Demo:
                         "gain_summaries": [dataclasses.asdict(x) for x in s.gain_summaries]}
                        for s in self.stages],
             "baselines": baselines,
+            "by_type": by_type,
             "gains": gains,
             "gains_refused": refused,
             "held_out_gain": held_out,
@@ -438,6 +445,7 @@ class Demo:
         print(f"\nheld-out questions: {len(self.eval_set)} ({', '.join(self.config.sources)}), greedy; "
               "EM and F1 with 95% bootstrap intervals\n", flush=True)
         print(self.table(baselines), flush=True)
+        print("\nby question type, the sources pooled:\n" + type_table(by_type), flush=True)
         print("\n" + self.rounds_line(), flush=True)
         if rl_steps:
             print(f"\nRL training batches ({self.config.reward} reward), per update: mean reward "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ragr1.services.common.provenance import code_commit
-from ragr1.shipped import EVAL_BENCHMARKS, eval_path, read_jsonl, record_source
+from ragr1.shipped import EVAL_BENCHMARKS, eval_path, question_type, read_jsonl, record_source
 from ragr1.stack import search_r1
 from ragr1.stack.stats import Estimate, bootstrap
 from ragr1.v1 import common_pb2, policy_pb2
@@ -64,6 +64,8 @@ class Question:
     golden_answers: list[str]
     data_source: str
     supporting_titles: list[str] = dataclasses.field(default_factory=list)
+    # "single-hop", "bridge" or "comparison" ("" unknown): ``shipped.question_type``.
+    question_type: str = ""
 
 
 def load_questions(source: str | Path, limit: int | None = None) -> list[Question]:
@@ -78,7 +80,7 @@ def load_questions(source: str | Path, limit: int | None = None) -> list[Questio
     if path.name.endswith(".parquet"):
         from ragr1.services.trainer.data import read_parquet
 
-        return [Question(t.id, t.question, list(t.golden_answers), t.data_source)
+        return [Question(t.id, t.question, list(t.golden_answers), t.data_source, question_type=t.question_type)
                 for t in read_parquet(path, "single", limit)]
     name = path.name.split(".")[0]
     out: list[Question] = []
@@ -88,12 +90,14 @@ def load_questions(source: str | Path, limit: int | None = None) -> list[Questio
             raise ValueError(f"{path}:{lineno}: field 'question' is missing or empty")
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
             raise ValueError(f"{path}:{lineno}: field 'golden_answers' must be a non-empty list of strings")
+        source = record_source(record, path)
         out.append(Question(
             id=str(record.get("id", f"{name}-{lineno}")),
             question=question,
             golden_answers=answers,
-            data_source=record_source(record, path),
+            data_source=source,
             supporting_titles=list(record.get("supporting_titles") or []),
+            question_type=question_type(record, source),
         ))
     return out
 
@@ -102,6 +106,7 @@ def to_task(q: Question, mode: str, run: str = "eval") -> common_pb2.PromptTask:
     return common_pb2.PromptTask(
         id=f"{run}:{mode}:{q.id}", question=q.question, golden_answers=q.golden_answers,
         supporting_titles=q.supporting_titles, data_source=q.data_source, mode=MODES[mode],
+        question_type=q.question_type,
     )
 
 
@@ -255,14 +260,17 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = HEADER) 
 
 
 def rollout_record(r: common_pb2.Rollout) -> dict[str, Any]:
-    """What the JSON report keeps of one rollout: the answer and scores its mode's scoring gives."""
+    """What the JSON report keeps of one rollout: the answer and scores its mode's scoring gives, and the
+    trajectory's own seconds (generating and waiting on retrieval; a batch's wall time is shared by its
+    trajectories, so these add up to more than it)."""
     mode = MODE_NAMES.get(r.mode, "default")
     answer, em, f1, cover = answer_scores(r, mode)
     return {
         "task_id": r.task_id, "question": r.question, "golden_answers": list(r.golden_answers),
-        "data_source": r.data_source, "mode": mode,
+        "data_source": r.data_source, "question_type": r.question_type, "mode": mode,
         "answer": answer, "exact_match": em, "f1": f1, "cover_em": cover,
         "format": r.reward.format, "retrieval_rounds": r.retrieval_rounds, "queries": r.num_queries,
+        "seconds": r.generation_seconds + r.retrieval_seconds,
         "status": common_pb2.TrajectoryStatus.Name(r.status), "policy_version": r.policy_version,
         "response": r.response_text,
         # What the model wrote (the system's passages and feedback left out), as the reward read it.

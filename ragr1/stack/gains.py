@@ -1,6 +1,7 @@
 """The demo's stage-to-stage gains: each stage's evaluation (``StageResult``) against the one before, paired
 question by question, and SFT -> RL on the more held-out questions; never between stages evaluated under
-another corpus or retriever (``evaluate.incomparable``)."""
+another corpus or retriever (``evaluate.incomparable``). And each stage's evaluation by mode and question type
+(``type_rows``): where multi-query search pays is a matter of the question's type (comparison questions)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ragr1.shipped import QUESTION_TYPES
 from ragr1.stack import evaluate, stats
 
 STAGES = ("base", "sft", "rl")
@@ -90,3 +92,50 @@ def held_out_gain(stages: Sequence[StageResult], mode: str) -> dict[str, Any] | 
                     after.stage: dataclasses.asdict(stats.bootstrap(now)),
                     "gain": dataclasses.asdict(stats.paired_difference(now, was))}
     return out
+
+
+# A record whose question type is not known ("" in ``evaluate.rollout_record``) is counted under this name.
+UNKNOWN_TYPE = "unknown"
+TYPE_HEADER = ["stage", "mode", "question type", "n", "EM [95% CI]", "rounds", "queries/round",
+               "s/question (trajectory)"]
+
+
+def _type_row(stage: str, mode: str, question_type: str, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    rounds = sum(int(r["retrieval_rounds"]) for r in records)
+    queries = sum(int(r["queries"]) for r in records)
+    return {
+        "stage": stage, "mode": mode, "question_type": question_type, "questions": len(records),
+        "exact_match": dataclasses.asdict(stats.bootstrap([float(r["exact_match"]) for r in records])),
+        "retrieval_rounds": rounds / len(records),
+        # Every query of these questions over every round they searched in; None where none searched.
+        "queries_per_round": queries / rounds if rounds else None,
+        "seconds_per_question": sum(float(r["seconds"]) for r in records) / len(records),
+    }
+
+
+def type_rows(stages: Sequence[StageResult]) -> list[dict[str, Any]]:
+    """One row per stage, search mode and question type, the sources pooled: the questions, EM with its 95%
+    bootstrap interval, retrieval rounds per question, queries per round, and the trajectories' own seconds
+    per question (generating and retrieving, ``evaluate.rollout_record``'s ``seconds``). The more held-out
+    questions' rows are the stage's ``(more)`` rows, as in the demo's table. Modes and types in their usual
+    order (``EVAL_MODES``, ``QUESTION_TYPES``), others after them."""
+    modes = {mode: i for i, mode in enumerate(EVAL_MODES)}
+    types = {kind: i for i, kind in enumerate(QUESTION_TYPES)}
+    rows = []
+    for stage in stages:
+        for name, records in ((stage.stage, stage.records), (f"{stage.stage} (more)", stage.gain_records)):
+            groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for r in records:
+                groups.setdefault((r["mode"], r.get("question_type") or UNKNOWN_TYPE), []).append(r)
+            order = sorted(groups, key=lambda k: (modes.get(k[0], len(modes)), types.get(k[1], len(types)), k))
+            rows += [_type_row(name, mode, kind, groups[mode, kind]) for mode, kind in order]
+    return rows
+
+
+def type_table(rows: Sequence[dict[str, Any]]) -> str:
+    """``type_rows`` as a table for the terminal, in the style of the demo's table by source."""
+    return evaluate.format_table([
+        [r["stage"], r["mode"], r["question_type"], str(r["questions"]), str(stats.Estimate(**r["exact_match"])),
+         f"{r['retrieval_rounds']:.2f}", "-" if r["queries_per_round"] is None else f"{r['queries_per_round']:.2f}",
+         f"{r['seconds_per_question']:.2f}"] for r in rows
+    ], TYPE_HEADER)

@@ -16,10 +16,10 @@ from typing import Any
 
 from ragr1.protocol.prompts import MAX_TURNS
 from ragr1.services.common.config import InformationSettings
-from ragr1.shipped import read_jsonl, record_source, train_source
+from ragr1.shipped import question_type, read_jsonl, record_source, train_source
 from ragr1.stack.questions import write_jsonl
 
-QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source")
+QA_FIELDS = ("id", "question", "golden_answers", "supporting_titles", "data_source", "question_type")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +49,9 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
     records = []
     for path in paths:
         for record in read_jsonl(path, limit):
+            source = record_source(record, path)
             records.append({k: record[k] for k in QA_FIELDS if k in record}
-                           | {"data_source": record_source(record, path)})
+                           | {"data_source": source, "question_type": question_type(record, source)})
     from transformers import AutoTokenizer
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))

@@ -4,10 +4,17 @@ passages are all in the index the stack serves (so that retrieval can find them)
 ``split_questions`` defaults to multi-hop questions (HotpotQA, MuSiQue); RL may add single-hop ones
 (PopQA's birthplaces), as RAG-R1 adds NQ, and the demo evaluates on PopQA's birthplaces and HotpotQA (held
 out), so that RL is measured on the distributions it trains on. No yes/no comparison questions and no
-``CONSTANT_PRONE`` types: a constant answer must not be able to score."""
+``CONSTANT_PRONE`` types: a constant answer must not be able to score.
+
+Each record keeps its data set's fields and gains ``question_type`` (``shipped.question_type``), so that the
+files the demo writes, and the tasks and rollouts read from them, carry it. Each source's questions take
+turns by question type before they are split (``balanced``): most of HotpotQA's comparison questions are
+yes/no ones, left out, so in file order the few left would give the held-out set few of the questions where
+parallel queries pay."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -15,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragr1.shipped import read_jsonl, train_path
+from ragr1.shipped import question_type, read_jsonl, train_path
 from ragr1.stack.stats import is_yes_no
 
 # Multi-hop questions, where several queries at once pay off.
@@ -52,16 +59,36 @@ def _usable(source: str, allowed: set[str] | None) -> Iterator[dict[str, Any]]:
         if is_yes_no(record["golden_answers"]) or record.get("type") in CONSTANT_PRONE.get(source, ()):
             continue
         if allowed is None or (gold and gold <= allowed):
-            yield record
+            yield record | {"question_type": question_type(record, source)}
+
+
+def balanced(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records taking turns by ``question_type`` (types in the order of their first record, each type's
+    records in file order; once a type runs out, the others go on taking turns): deterministic, and any
+    first n of them as evenly spread over the types as the records allow."""
+    by_type: dict[str, collections.deque[dict[str, Any]]] = {}
+    for record in records:
+        by_type.setdefault(record["question_type"], collections.deque()).append(record)
+    out: list[dict[str, Any]] = []
+    queues = list(by_type.values())
+    while queues:
+        out += [queue.popleft() for queue in queues]
+        queues = [queue for queue in queues if queue]
+    return out
 
 
 def split_questions(eval_per_source: int, train_per_source: int, allowed: set[str] | None = None,
                     sources: Sequence[str] = SOURCES, rl_per_source: int = 0,
-                    rl_sources: Sequence[str] | None = None, gain_per_source: int = 0) -> Split:
+                    rl_sources: Sequence[str] | None = None, gain_per_source: int = 0,
+                    balance_types: bool = True) -> Split:
     """The first usable questions of each training file go to evaluation, the next to training (SFT), the
     next to RL, the next (``gain_per_source`` of each of ``sources``) to the more held-out questions of
     ``Split.gain``. ``rl_sources`` (default: ``sources``) may name other files for RL, as RAG-R1 mixes NQ's
     single-hop questions into its RL set; a file in both gives RL the questions after SFT's.
+
+    With ``balance_types`` each file's usable questions are first put in turns by question type
+    (``balanced``: HotpotQA's bridge and comparison questions alternate, so that every part holds both); a
+    file of one type (MuSiQue's chains, PopQA's birthplaces) keeps its order. Without, file order.
     """
     split = Split([], [])
     rl_sources = list(sources if rl_sources is None else rl_sources)
@@ -70,7 +97,8 @@ def split_questions(eval_per_source: int, train_per_source: int, allowed: set[st
         first = eval_per_source + train_per_source if source in sources else 0
         rl = rl_per_source if source in rl_sources else 0
         gain = gain_per_source if source in sources else 0
-        kept = list(itertools.islice(_usable(source, allowed), first + rl + gain))
+        usable = balanced(_usable(source, allowed)) if balance_types else _usable(source, allowed)
+        kept = list(itertools.islice(usable, first + rl + gain))
         if len(kept) < first + rl + gain:
             raise ValueError(f"{source}: only {len(kept)} usable questions (no yes/no, passages in the index); "
                              f"asked for {first} (evaluation and SFT) + {rl} (RL) + {gain} (more held-out)")

@@ -101,7 +101,7 @@ class ResponseSpan(_message.Message):
     def __init__(self, text: _Optional[str] = ..., kind: _Optional[_Union[SpanKind, str]] = ...) -> None: ...
 
 class PromptTask(_message.Message):
-    __slots__ = ("id", "question", "golden_answers", "supporting_titles", "data_source", "mode", "admitted_at_version", "group_id", "num_samples")
+    __slots__ = ("id", "question", "golden_answers", "supporting_titles", "data_source", "mode", "admitted_at_version", "group_id", "num_samples", "question_type")
     ID_FIELD_NUMBER: _ClassVar[int]
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     GOLDEN_ANSWERS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class PromptTask(_message.Message):
     ADMITTED_AT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_TYPE_FIELD_NUMBER: _ClassVar[int]
     id: str
     question: str
     golden_answers: _containers.RepeatedScalarFieldContainer[str]
@@ -120,10 +121,11 @@ class PromptTask(_message.Message):
     admitted_at_version: int
     group_id: str
     num_samples: int
-    def __init__(self, id: _Optional[str] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., data_source: _Optional[str] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., admitted_at_version: _Optional[int] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    question_type: str
+    def __init__(self, id: _Optional[str] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., data_source: _Optional[str] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., admitted_at_version: _Optional[int] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., question_type: _Optional[str] = ...) -> None: ...
 
 class Rollout(_message.Message):
-    __slots__ = ("id", "task_id", "group_id", "prompt_token_ids", "response_token_ids", "loss_mask", "behaviour_logprobs", "reward", "policy_version", "num_turns", "retrieval_rounds", "num_queries", "status", "error", "response_text", "generation_seconds", "retrieval_seconds", "question", "golden_answers", "mode", "data_source", "sampling", "spans")
+    __slots__ = ("id", "task_id", "group_id", "prompt_token_ids", "response_token_ids", "loss_mask", "behaviour_logprobs", "reward", "policy_version", "num_turns", "retrieval_rounds", "num_queries", "status", "error", "response_text", "generation_seconds", "retrieval_seconds", "question", "golden_answers", "mode", "data_source", "sampling", "spans", "question_type")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +149,7 @@ class Rollout(_message.Message):
     DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_TYPE_FIELD_NUMBER: _ClassVar[int]
     id: str
     task_id: str
     group_id: str
@@ -170,4 +173,5 @@ class Rollout(_message.Message):
     data_source: str
     sampling: SamplingParams
     spans: _containers.RepeatedCompositeFieldContainer[ResponseSpan]
-    def __init__(self, id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[_Union[RewardParts, _Mapping]] = ..., policy_version: _Optional[int] = ..., num_turns: _Optional[int] = ..., retrieval_rounds: _Optional[int] = ..., num_queries: _Optional[int] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., error: _Optional[str] = ..., response_text: _Optional[str] = ..., generation_seconds: _Optional[float] = ..., retrieval_seconds: _Optional[float] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., data_source: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., spans: _Optional[_Iterable[_Union[ResponseSpan, _Mapping]]] = ...) -> None: ...
+    question_type: str
+    def __init__(self, id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[_Union[RewardParts, _Mapping]] = ..., policy_version: _Optional[int] = ..., num_turns: _Optional[int] = ..., retrieval_rounds: _Optional[int] = ..., num_queries: _Optional[int] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., error: _Optional[str] = ..., response_text: _Optional[str] = ..., generation_seconds: _Optional[float] = ..., retrieval_seconds: _Optional[float] = ..., question: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., data_source: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., spans: _Optional[_Iterable[_Union[ResponseSpan, _Mapping]]] = ..., question_type: _Optional[str] = ...) -> None: ...

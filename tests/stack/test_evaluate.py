@@ -3,6 +3,8 @@ splitting questions."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import math
 import subprocess
@@ -11,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from ragr1.services.common.provenance import code_commit
-from ragr1.shipped import EVAL_BENCHMARKS
-from ragr1.stack import evaluate
-from ragr1.stack.gains import StageResult, refused_gains, stage_gains
-from ragr1.stack.questions import split_questions
+from ragr1.shipped import BRIDGE, COMPARISON, EVAL_BENCHMARKS, SINGLE_HOP
+from ragr1.stack import evaluate, stats
+from ragr1.stack.demo import demo_config
+from ragr1.stack.gains import StageResult, refused_gains, stage_gains, type_rows, type_table
+from ragr1.stack.questions import _usable, split_questions, write_jsonl
 from ragr1.stack.report import quantile
 from ragr1.v1 import common_pb2, policy_pb2, retriever_pb2
 
@@ -211,3 +214,80 @@ def test_the_modes_go_out_in_one_sequence_of_full_batches_and_come_back_per_mode
         evaluate.run_questions(rollout, questions + questions[:1], ["multi"])
     with pytest.raises(ValueError, match=r"no rollout for 1 of 40 tasks"):
         evaluate.run_questions(lambda tasks: rollout(tasks)[1:], questions, ["multi"], batch_size=40)
+
+
+def test_the_demo_holds_out_hotpotqa_bridge_and_comparison_questions_alike(tmp_path: Path) -> None:
+    c = demo_config()
+    sizes = {"sources": c.sources, "rl_per_source": c.rl_questions, "rl_sources": c.rl_sources or None,
+             "gain_per_source": c.gain_questions}
+    split = split_questions(c.eval_questions, c.train_questions, balance_types=c.balance_types, **sizes)
+    in_order = split_questions(c.eval_questions, c.train_questions, balance_types=False, **sizes)
+    held_out = collections.Counter(r["question_type"] for r in split.eval if r["dataset"] == "hotpotqa")
+    assert set(held_out) == {BRIDGE, COMPARISON} and abs(held_out[BRIDGE] - held_out[COMPARISON]) <= 1
+    assert not any(stats.is_yes_no(r["golden_answers"]) for r in split.eval + split.gain)
+    # In file order the comparison questions, most of them yes/no and left out, would be fewer.
+    assert sum(r["question_type"] == COMPARISON for r in in_order.eval) < held_out[COMPARISON]
+    # Each type's questions keep their file order: the held-out ones of a type are its first usable ones.
+    usable = list(_usable("hotpotqa", None))
+    for kind, n in held_out.items():
+        first = [r["id"] for r in usable if r["question_type"] == kind][:n]
+        assert [r["id"] for r in split.eval if r["dataset"] == "hotpotqa" and r["question_type"] == kind] == first
+    assert {r["question_type"] for r in split.eval if r["dataset"] == "popqa"} == {SINGLE_HOP}
+    # A file of one type (MuSiQue's chains) splits as in file order.
+    assert [r["id"] for r in split_questions(3, 5, sources=("musique",)).eval] == [
+        r["id"] for r in split_questions(3, 5, sources=("musique",), balance_types=False).eval]
+    # The question file the demo writes carries the type, and the questions read back from it.
+    questions = evaluate.load_questions(write_jsonl(split.eval, tmp_path / "eval.jsonl"))
+    assert [q.question_type for q in questions] == [r["question_type"] for r in split.eval]
+
+
+def test_an_evaluation_record_carries_the_question_type_and_the_trajectory_s_seconds() -> None:
+    question = evaluate.Question("q1", "Who is older, A or B?", ["A"], "hotpotqa", question_type=COMPARISON)
+    task = evaluate.to_task(question, "multi")
+    assert (task.question_type, task.data_source) == (COMPARISON, "hotpotqa")
+    rollout = common_pb2.Rollout(task_id=task.id, question_type=task.question_type, mode=task.mode,
+                                 generation_seconds=1.25, retrieval_seconds=0.5, retrieval_rounds=1, num_queries=2)
+    record = evaluate.rollout_record(rollout)
+    assert (record["question_type"], record["seconds"], record["mode"]) == (COMPARISON, 1.75, "multi")
+
+
+def _record(mode: str, kind: str, em: float, rounds: int, queries: int, seconds: float) -> dict[str, object]:
+    rollout = common_pb2.Rollout(
+        question=f"{mode} {kind} {em} {rounds} {queries} {seconds}", data_source="hotpotqa", question_type=kind,
+        mode=evaluate.MODES[mode], retrieval_rounds=rounds, num_queries=queries, generation_seconds=seconds,
+        retrieval_seconds=seconds / 4, reward=common_pb2.RewardParts(exact_match=em, f1=em),
+    )
+    return {"stage": "sft", **evaluate.rollout_record(rollout)}
+
+
+def test_the_report_by_stage_mode_and_question_type() -> None:
+    # (mode, type, EM, rounds, queries, generation seconds) per question; the retrieval seconds are a quarter more.
+    rows = [("multi", COMPARISON, 1, 1, 2, 2.0), ("multi", COMPARISON, 0, 1, 3, 4.0),
+            ("multi", COMPARISON, 1, 2, 2, 2.0), ("single", COMPARISON, 1, 2, 2, 8.0), ("single", BRIDGE, 0, 3, 3, 4.0),
+            ("multi", BRIDGE, 0, 0, 0, 1.0), ("none", SINGLE_HOP, 0, 0, 0, 0.4), ("multi", "", 1, 1, 1, 1.0)]
+    records = [_record(*row) for row in rows]
+    more = [_record("multi", BRIDGE, 1, 2, 4, 2.0)]
+    table = type_rows([StageResult("sft", 1, [], records, 0.0, gain_records=more)])
+    assert [(r["stage"], r["mode"], r["question_type"]) for r in table] == [
+        ("sft", "none", SINGLE_HOP), ("sft", "single", BRIDGE), ("sft", "single", COMPARISON),
+        ("sft", "multi", BRIDGE), ("sft", "multi", COMPARISON), ("sft", "multi", "unknown"),
+        ("sft (more)", "multi", BRIDGE)]
+    for row in table:
+        mine = [r for mode, kind, *r in rows if (mode, kind or "unknown") == (row["mode"], row["question_type"])]
+        if row["stage"].endswith("(more)"):
+            mine = [[1, 2, 4, 2.0]]
+        ems, rounds, queries, seconds = zip(*mine, strict=True)
+        assert row["questions"] == len(mine)
+        assert row["exact_match"] == dataclasses.asdict(stats.bootstrap([float(e) for e in ems]))
+        assert row["retrieval_rounds"] == pytest.approx(sum(rounds) / len(mine))
+        assert row["queries_per_round"] == (pytest.approx(sum(queries) / sum(rounds)) if sum(rounds) else None)
+        assert row["seconds_per_question"] == pytest.approx(1.25 * sum(seconds) / len(mine))
+    comparison = table[4]
+    assert (comparison["questions"], comparison["retrieval_rounds"], comparison["queries_per_round"]) == (
+        3, pytest.approx(4 / 3), pytest.approx(7 / 4))
+    assert comparison["exact_match"]["low"] < comparison["exact_match"]["mean"] < comparison["exact_match"]["high"]
+    json.dumps(table)  # it goes into report.json as it is
+    lines = type_table(table).splitlines()
+    assert len(lines) == 2 + len(table) and "queries/round" in lines[0]
+    assert lines[2].split()[:3] == ["sft", "none", SINGLE_HOP] and lines[2].split()[-2] == "-"  # no round: no ratio
+    assert str(stats.Estimate(**comparison["exact_match"])) in lines[6]

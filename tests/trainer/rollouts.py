@@ -28,6 +28,8 @@ def make_rollout(
     inserted: int = 5,
     temperature: float = 1.0,
     group: str = "",
+    source: str = "",
+    question_type: str = "",
 ) -> common_pb2.Rollout:
     rng = random.Random(f"{rollout_id}:{seed}")
     response = [rng.randrange(100, 5000) for _ in range(2 * generated + inserted)]
@@ -45,6 +47,8 @@ def make_rollout(
         question="q",
         golden_answers=["a"],
         mode=common_pb2.SEARCH_MODE_MULTI,
+        data_source=source,
+        question_type=question_type,
         sampling=common_pb2.SamplingParams(temperature=temperature, top_p=1.0),
     )
 

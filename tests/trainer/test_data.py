@@ -12,7 +12,7 @@ import pytest
 from ragr1.protocol.prompts import Mode, question_prompt
 from ragr1.services.trainer import data
 from ragr1.services.trainer.model import PolicyModel
-from ragr1.shipped import train_path
+from ragr1.shipped import SINGLE_HOP, read_jsonl, train_path
 from ragr1.v1 import common_pb2
 from tests.common import corpus_search
 from tests.trainer.rounding import rounding
@@ -25,6 +25,8 @@ def test_qa_file_gives_tasks_in_both_modes() -> None:
     assert all(t.mode == common_pb2.SEARCH_MODE_SINGLE for t in single)
     assert [t.id for t in multi] == [t.id for t in single]  # stable ids
     assert multi[0].golden_answers and multi[0].supporting_titles and multi[0].data_source == "hotpotqa"
+    # HotpotQA's own label, bridge or comparison, is the task's question type.
+    assert [t.question_type for t in multi] == [r["type"] for r in read_jsonl(train_path("hotpotqa"), limit=5)]
 
 
 def test_parquet_round_trip_in_search_r1_layout(tmp_path: Path) -> None:
@@ -40,6 +42,7 @@ def test_parquet_round_trip_in_search_r1_layout(tmp_path: Path) -> None:
     assert [(t.question, list(t.golden_answers)) for t in back] == [
         (t.question, list(t.golden_answers)) for t in tasks
     ]
+    assert [t.question_type for t in back] == [t.question_type for t in tasks] == [SINGLE_HOP] * 4
 
 
 def test_parquet_without_question_column_takes_it_from_the_prompt(tmp_path: Path) -> None:

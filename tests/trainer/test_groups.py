@@ -133,6 +133,21 @@ def test_dynamic_sampling_keeps_uniform_groups_out_of_every_batch_and_counts_the
     assert groups.skipped == [] and not groups.exhausted()
 
 
+def test_dynamic_sampling_remembers_what_each_skipped_group_was_sampled_from() -> None:
+    groups, _ = buffer(batch_size=4, max_uniform_groups=4)
+    kinds = {"P": ("popqa", "single-hop", 0.0), "C": ("hotpotqa", "comparison", 1.0),
+             "B": ("hotpotqa", "bridge", 0.0), "S": ("hotpotqa", "bridge", 0.5)}
+    groups.admit([Delivery("1-0", make_rollout(f"{g}{i}", group=g, score=score + (g == "S") * i / 4, source=source,
+                                               question_type=kind))
+                  for g, (source, kind, score) in kinds.items() for i in (1, 2)], set())
+    groups.skip_uniform()
+    # The uniform ones, oldest first, each by its source and type; S, whose scores differ, is not among them.
+    assert groups.skipped_types == [f"{source}/{kind}" for g, (source, kind, _) in kinds.items() if g != "S"]
+    assert len(groups.skipped_types) == len(groups.skipped)
+    groups.new_update()
+    assert groups.skipped_types == []
+
+
 def test_dynamic_sampling_is_off_by_default() -> None:
     groups, settled = buffer()
     groups.admit([deliver("a1", "A"), deliver("a2", "A")], set())

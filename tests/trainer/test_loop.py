@@ -152,10 +152,13 @@ def test_dynamic_sampling_trains_only_groups_whose_scores_differ_and_stops_when_
     produce(
         redis_client,
         [
-            make_rollout("a1", group="A"), make_rollout("a2", group="A"),  # both 1: nothing to learn
-            make_rollout("d1", group="D"), make_rollout("d2", group="D", score=0.0),
+            *(make_rollout(f"a{i}", group="A", source="hotpotqa", question_type="comparison")
+              for i in (1, 2)),  # both 1: nothing to learn
+            *(make_rollout(f"d{i}", group="D", score=i - 1.0, source="popqa", question_type="single-hop")
+              for i in (1, 2)),
             make_rollout("g1", group="G", score=0.0), make_rollout("g2", group="G", score=0.0),
-            make_rollout("h1", group="H", score=0.0), make_rollout("h2", group="H", score=0.5),
+            *(make_rollout(f"h{i}", group="H", score=(i - 1) / 2, source="hotpotqa", question_type="bridge")
+              for i in (1, 2)),
         ],
     )
     loop.rollouts.ensure_group()
@@ -165,6 +168,9 @@ def test_dynamic_sampling_trains_only_groups_whose_scores_differ_and_stops_when_
     # A and G are skipped (two of the bound's three); the batch is D and H, both with a spread.
     assert sorted(first["rollout_ids"]) == ["d1", "d2", "h1", "h2"] and first["signal_total"] == 1.0
     assert (first["groups_trained"], first["groups_skipped_uniform"], first["groups_sampled"]) == (2, 2, 4)
+    # Which sources and question types it trained, and which it skipped (G's rollouts carry neither).
+    assert first["trained_groups"] == {"hotpotqa/bridge": 1, "popqa/single-hop": 1}
+    assert first["skipped_groups"] == {"?/?": 1, "hotpotqa/comparison": 1}
     # The trained batch's mean leaves the skipped groups out; the sampled mean (the learning curve) keeps them.
     assert first["reward_total"] == pytest.approx(1.5 / 4)
     assert first["reward_sampled"] == pytest.approx(3.5 / 8) and first["rollouts_sampled"] == 8
@@ -180,6 +186,7 @@ def test_dynamic_sampling_trains_only_groups_whose_scores_differ_and_stops_when_
     second = loop.train_batch()
     assert sorted(second["rollout_ids"]) == ["m1", "m2"]
     assert (second["groups_trained"], second["groups_skipped_uniform"], second["groups_sampled"]) == (1, 3, 4)
+    assert sum(second["skipped_groups"].values()) == 3  # this update's skips only
     assert loop.version == 2
     # Reached with none: training stops and says why, and nothing uniform was trained.
     produce(redis_client, [make_rollout(f"{g.lower()}{i}", 2, group=g, score=score)

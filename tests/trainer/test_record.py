@@ -3,11 +3,13 @@ signal, the mean reward of all that was sampled, staleness, lengths, and what th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from ragr1.services.trainer.loop.record import lengths, signal_share, step_record
+from ragr1.services.trainer.loop.groups import type_label
+from ragr1.services.trainer.loop.record import groups_by_type, lengths, signal_share, step_record
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import make_rollout
 
@@ -52,6 +54,7 @@ def record(tmp_path: Path, groups: list[str] | None) -> dict[str, object]:
         groups=groups,
         staleness=[0, 1, 1, 2],
         skipped=[[0.0, 0.0], [1.0, 1.0]],
+        skipped_types=["popqa/single-hop", "hotpotqa/bridge"],
         queue_seconds=1.0,
         checkpoint=checkpoint,
         save_seconds=0.5,
@@ -82,3 +85,32 @@ def test_with_one_sample_per_prompt_the_record_has_no_group_signal(tmp_path: Pat
     r = record(tmp_path, None)
     assert not [key for key in r if key.startswith("signal_")]
     assert r["reward_total"] == 0.75
+
+
+def test_an_update_counts_its_groups_by_source_and_question_type(tmp_path: Path) -> None:
+    kinds = {"A": ("hotpotqa", "comparison"), "B": ("popqa", "single-hop"), "C": ("hotpotqa", "comparison"),
+             "D": ("hotpotqa", "")}
+    batch = [make_rollout(f"{group.lower()}{i}", group=group, source=source, question_type=kind)
+             for group, (source, kind) in kinds.items() for i in (1, 2)]
+    groups = [r.group_id for r in batch]
+    expected: dict[str, int] = {}
+    for source, kind in kinds.values():
+        label = f"{source}/{kind or '?'}"
+        expected[label] = expected.get(label, 0) + 1
+    assert groups_by_type(batch, groups) == expected == {"hotpotqa/?": 1, "hotpotqa/comparison": 2,
+                                                         "popqa/single-hop": 1}
+    # One sample per prompt: every rollout a group of its own.
+    assert groups_by_type(batch, None) == {label: 2 * n for label, n in expected.items()}
+    assert type_label(common_pb2.Rollout()) == "?/?"
+    checkpoint = tmp_path / "policy"
+    checkpoint.mkdir()
+    skipped = [make_rollout("u1", source="popqa", question_type="single-hop"),
+               make_rollout("v1", source="hotpotqa", question_type="bridge"),
+               make_rollout("w1", source="popqa", question_type="single-hop")]
+    r = step_record(3, batch, {}, groups=groups, staleness=[0] * len(batch), skipped=[[0.0, 0.0]] * 3,
+                    skipped_types=[type_label(s) for s in skipped], queue_seconds=1.0, checkpoint=checkpoint,
+                    save_seconds=0.1, announced={})
+    assert r["trained_groups"] == expected and sum(r["trained_groups"].values()) == r["groups_trained"]
+    assert r["skipped_groups"] == {"hotpotqa/bridge": 1, "popqa/single-hop": 2}
+    assert sum(r["skipped_groups"].values()) == r["groups_skipped_uniform"]
+    assert json.loads(json.dumps(r["trained_groups"])) == r["trained_groups"]  # steps.jsonl takes it as it is

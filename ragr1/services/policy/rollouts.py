@@ -77,6 +77,7 @@ def to_rollout(
         golden_answers=list(task.golden_answers),
         mode=SEARCH_MODES[t.mode],
         data_source=task.data_source,
+        question_type=task.question_type,
         sampling=sampling_params(sampling),
         spans=[common_pb2.ResponseSpan(text=s.text, kind=s.kind.value) for s in t.spans],  # type: ignore[arg-type]
     )

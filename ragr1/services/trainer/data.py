@@ -18,7 +18,7 @@ from typing import Any
 
 from ragr1.protocol.prompts import Mode, Tokenizer, chat_prompt_ids, question_from_prompt, question_prompt
 from ragr1.protocol.trajectories import Piece, SupportedQuestion
-from ragr1.shipped import read_jsonl_numbered, record_source
+from ragr1.shipped import question_type, read_jsonl_numbered, record_source
 from ragr1.v1 import common_pb2
 
 ABILITY = "fact-reasoning"
@@ -90,7 +90,7 @@ def task_id(data_source: str, question: str) -> str:
 
 def load_qa_tasks(path: Path, mode: str | int, limit: int | None = None) -> list[common_pb2.PromptTask]:
     """``PromptTask``s from a QA JSONL file (``question``, ``golden_answers``; optional
-    ``supporting_titles``, ``dataset``/``data_source``)."""
+    ``supporting_titles``, ``dataset``/``data_source``, ``question_type``/``type``: ``shipped.question_type``)."""
     search_mode = parse_mode(mode)
     tasks = []
     for lineno, record in read_jsonl_numbered(path, limit):
@@ -108,6 +108,7 @@ def load_qa_tasks(path: Path, mode: str | int, limit: int | None = None) -> list
                 supporting_titles=list(record.get("supporting_titles") or []),
                 data_source=source,
                 mode=search_mode,  # type: ignore[arg-type]
+                question_type=question_type(record, source),
             )
         )
     return tasks
@@ -127,6 +128,7 @@ def write_parquet(tasks: Sequence[common_pb2.PromptTask], path: Path, split: str
                 "question": task.question,
                 "golden_answers": list(task.golden_answers),
                 "data_source": task.data_source,
+                "question_type": task.question_type,
                 "prompt": [{"role": "user", "content": prompt}],
                 "ability": ABILITY,
                 "reward_model": {"style": "rule", "ground_truth": {"target": list(task.golden_answers)}},
@@ -140,7 +142,8 @@ def write_parquet(tasks: Sequence[common_pb2.PromptTask], path: Path, split: str
 def read_parquet(path: Path, mode: str | int, limit: int | None = None) -> list[common_pb2.PromptTask]:
     """``PromptTask``s from a Search-R1 / RAG-R1 parquet file. Required: ``data_source``, ``prompt``
     (chat messages with a user turn), ``reward_model.ground_truth`` (``{"target": [...]}`` or a list or
-    a string). The question comes from a ``question`` column when there is one, else from the prompt."""
+    a string). The question comes from a ``question`` column when there is one, else from the prompt; its type
+    from a ``question_type`` column (``write_parquet``'s) or ``shipped.question_type``'s rules."""
     import pyarrow.parquet as pq
 
     search_mode = parse_mode(mode)
@@ -167,6 +170,7 @@ def read_parquet(path: Path, mode: str | int, limit: int | None = None) -> list[
                 golden_answers=answers,
                 data_source=source,
                 mode=search_mode,  # type: ignore[arg-type]
+                question_type=question_type(record, source),
             )
         )
     return tasks
@@ -198,8 +202,8 @@ def load_supported_questions(path: Path, limit: int | None = None) -> list[Suppo
                 gold.append(p["title"])
         if not gold:
             raise ValueError(f"{where}: no paragraph has 'is_supporting' set")
-        out.append(SupportedQuestion(question, answers, gold, record_source(record, path),
-                                     str(record.get("type") or "")))
+        source = record_source(record, path)
+        out.append(SupportedQuestion(question, answers, gold, source, question_type(record, source)))
     return out
 
 

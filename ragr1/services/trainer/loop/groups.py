@@ -27,6 +27,12 @@ class Settle(Protocol):
     def __call__(self, deliveries: Sequence[Delivery[Any]], count: bool = True) -> None: ...
 
 
+def type_label(rollout: common_pb2.Rollout) -> str:
+    """``<data source>/<question type>`` of a rollout's prompt ("?" for a part it does not carry): what the step
+    records count trained and skipped groups by, so that a run says what dynamic sampling trained on."""
+    return f"{rollout.data_source or '?'}/{rollout.question_type or '?'}"
+
+
 def has_spread(scores: Sequence[float]) -> bool:
     """Whether a group's members scored differently: a group that scored alike gets zero advantage."""
     return max(scores) - min(scores) > 1e-9
@@ -64,6 +70,8 @@ class GroupBuffer:
         # reward of everything the policy was sampled on, which is the curve that shows learning (the
         # trained batch holds only groups with a spread, so its mean stays near the middle by design).
         self.skipped: list[list[float]] = []
+        # Each of those groups' ``type_label``, in the same order.
+        self.skipped_types: list[str] = []
 
     @property
     def size(self) -> int:
@@ -216,6 +224,7 @@ class GroupBuffer:
             self._remove(key, self.size)
             self._settle(members)
             self.skipped.append(scores)
+            self.skipped_types.append(type_label(members[0].message))
             metrics.ROLLOUTS.labels("uniform_group").inc(len(members))
             log.info("skipped a group of %d rollouts that all scored %.3f (dynamic sampling)", len(members), scores[0])
 
@@ -231,3 +240,4 @@ class GroupBuffer:
     def new_update(self) -> None:
         """The bound of dynamic sampling is per update: the next one may skip as many groups again."""
         self.skipped = []
+        self.skipped_types = []

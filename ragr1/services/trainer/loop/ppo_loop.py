@@ -292,6 +292,7 @@ class PPOLoop:
             groups=[self.groups.group(r) for r in rollouts] if self.config.samples_per_prompt > 1 else None,
             staleness=staleness,
             skipped=self.groups.skipped,
+            skipped_types=self.groups.skipped_types,
             queue_seconds=self._queue_seconds,
             checkpoint=served,
             save_seconds=save_seconds,

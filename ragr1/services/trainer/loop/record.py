@@ -1,15 +1,16 @@
 """Each update's step record (a line of ``steps.jsonl``, the source of the curves and the metrics): the
-updater's statistics with the batch's rewards, group signal, staleness, lengths and what the update cost
-in queue work and checkpoint."""
+updater's statistics with the batch's rewards, group signal, the groups trained and skipped by source and
+question type, staleness, lengths and what the update cost in queue work and checkpoint."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ragr1.services.trainer.checkpoint import size_bytes
-from ragr1.services.trainer.loop.groups import has_spread
+from ragr1.services.trainer.loop.groups import has_spread, type_label
 from ragr1.v1 import common_pb2
 
 REWARD_PARTS = ("total", "exact_match", "f1", "format", "process")
@@ -74,6 +75,14 @@ def sampled(rollouts: Sequence[common_pb2.Rollout], skipped: Sequence[Sequence[f
     }
 
 
+def groups_by_type(rollouts: Sequence[common_pb2.Rollout], groups: Sequence[str] | None) -> dict[str, int]:
+    """How many of the batch's groups (``groups``: each rollout's; None: each rollout a group of its own) came
+    from each ``<data source>/<question type>`` (``type_label``), by label."""
+    labels = {key: type_label(r) for key, r in zip(groups if groups is not None else range(len(rollouts)), rollouts,
+                                                   strict=True)}
+    return dict(sorted(Counter(labels.values()).items()))
+
+
 def lengths(rollouts: Sequence[common_pb2.Rollout]) -> dict[str, float]:
     """Mean and longest response (tokens after the prompt, inserted ones included, as verl counts them),
     mean generated tokens, and mean words of the answer (inside the last <answer>; 0 without one)."""
@@ -94,6 +103,7 @@ def step_record(
     groups: Sequence[str] | None,
     staleness: Sequence[int],
     skipped: Sequence[Sequence[float]],
+    skipped_types: Sequence[str],
     queue_seconds: float,
     checkpoint: Path,
     save_seconds: float,
@@ -102,14 +112,18 @@ def step_record(
     """The record of the update to ``version`` that trained ``rollouts`` and returned ``stats``.
     ``groups``: each rollout's group, or None with one sample per prompt (no groups to compare);
     ``staleness``: each rollout's versions behind the trainer when trained; ``skipped``: the groups dynamic
-    sampling skipped for this update; ``checkpoint``: the policy's weights as the replicas load them;
-    ``announced``: the version as announced to them (empty without a publisher)."""
+    sampling skipped for this update, and ``skipped_types`` their ``type_label``s; ``checkpoint``: the policy's
+    weights as the replicas load them; ``announced``: the version as announced to them (empty without a
+    publisher)."""
     record: dict[str, Any] = {
         "step": version,
         "version": version,
         "rollout_ids": [r.id for r in rollouts],
         **stats,
         **rewards(rollouts),
+        # What the update trained on and what dynamic sampling left out, by source and question type.
+        "trained_groups": groups_by_type(rollouts, groups),
+        "skipped_groups": dict(sorted(Counter(skipped_types).items())),
     }
     if groups is not None:
         record.update(signals(rollouts, groups))
