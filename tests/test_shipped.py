@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ragr1.services.common.config import InformationSettings
-from ragr1.services.trainer.data import load_qa_tasks
+from ragr1.services.trainer.data import load_qa_tasks, load_tasks
 from ragr1.shipped import (
     BRIDGE,
     COMPARISON,
@@ -25,7 +24,7 @@ from ragr1.shipped import (
     train_path,
 )
 from ragr1.stack.evaluate import load_questions
-from ragr1.stack.prepare import prepare
+from ragr1.stack.prepare import qa_records, write_prompts
 
 
 def test_data_source_then_dataset_then_the_file_name(tmp_path: Path) -> None:
@@ -39,8 +38,8 @@ def test_data_source_then_dataset_then_the_file_name(tmp_path: Path) -> None:
 
     assert [t.data_source for t in load_qa_tasks(path, "multi")] == expected
     assert [q.data_source for q in load_questions(path)] == expected
-    done = prepare([str(path)], tmp_path / "out", InformationSettings())
-    assert [r["data_source"] for r in read_jsonl(done.prompts)] == expected
+    prompts, _ = write_prompts(qa_records([path]), tmp_path / "out")
+    assert [r["data_source"] for r in read_jsonl(prompts)] == expected
 
 
 def test_every_shipped_training_question_has_its_data_sets_type() -> None:
@@ -86,11 +85,11 @@ def test_the_question_type_goes_with_every_task_question_and_prompt(tmp_path: Pa
 
     assert [t.question_type for t in load_qa_tasks(path, "multi")] == expected
     assert [q.question_type for q in load_questions(path)] == expected
-    done = prepare([str(path)], tmp_path / "out", InformationSettings())
-    prompts = list(read_jsonl(done.prompts))
-    assert [r["question_type"] for r in prompts] == expected
-    # The prepared file says it outright, and reads back the same.
-    assert [t.question_type for t in load_qa_tasks(done.prompts, "single")] == expected
+    written, parquet = write_prompts(qa_records([path]), tmp_path / "out")
+    assert [r["question_type"] for r in read_jsonl(written)] == expected
+    # The prepared files say it outright, and read back the same.
+    assert [t.question_type for t in load_qa_tasks(written, "single")] == expected
+    assert [t.question_type for t in load_tasks(parquet["multi"], "multi")] == expected
 
 
 def test_a_cache_entry_finished_twice_keeps_the_first_and_drops_the_second(tmp_path: Path) -> None:

@@ -115,7 +115,9 @@ class Searcher:
                  max_rounds: int = MAX_TURNS, max_queries: int = MAX_QUERIES,
                  separator: str = QUERY_SEPARATOR, max_query_chars: int = MAX_QUERY_CHARS) -> None:
         if mode is Mode.SEARCH_R1:
-            raise ValueError("no SFT trajectories in Search-R1's mode: Search-R1 trains with RL alone, from the base model")
+            raise ValueError(
+                "no SFT trajectories in Search-R1's mode: Search-R1 trains with RL alone, from the base model"
+            )
         self.item = item
         self.mode = mode
         self.information = information

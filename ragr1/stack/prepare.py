@@ -33,6 +33,30 @@ class Prepared:
     searched: int
 
 
+def qa_records(paths: list[Path], limit: int | None = None) -> list[dict[str, Any]]:
+    """The RL prompts' records of the QA files: their QA fields, with each record's source and question type."""
+    records = []
+    for path in paths:
+        for record in read_jsonl(path, limit):
+            source = record_source(record, path)
+            records.append({k: record[k] for k in QA_FIELDS if k in record}
+                           | {"data_source": source, "question_type": question_type(record, source)})
+    return records
+
+
+def write_prompts(records: list[dict[str, Any]], out: Path) -> tuple[Path, dict[str, Path]]:
+    """``prompts.jsonl`` and the two parquet files of ``records``."""
+    from ragr1.services.trainer import data
+
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = write_jsonl(records, out / "prompts.jsonl")
+    parquet = {}
+    for mode in ("single", "multi"):
+        parquet[mode] = out / f"prompts-{mode}.parquet"
+        data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
+    return prompts, parquet
+
+
 def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: str = "",
             limit: int | None = None, retriever_address: str = "", max_turns: int = MAX_TURNS) -> Prepared:
     """The information blocks of the trajectories are cut per query with the tokenizer of ``model`` (the
@@ -46,23 +70,13 @@ def prepare(sources: list[str], out: Path, blocks: InformationSettings, model: s
     paths = [train_source(s) for s in sources]  # every file is found before anything is written
     checkpoint = policy_checkpoint(model)
     supported = [q for p in paths for q in data.load_supported_questions(p, limit)]
-    records = []
-    for path in paths:
-        for record in read_jsonl(path, limit):
-            source = record_source(record, path)
-            records.append({k: record[k] for k in QA_FIELDS if k in record}
-                           | {"data_source": source, "question_type": question_type(record, source)})
+    records = qa_records(paths, limit)
     from transformers import AutoTokenizer
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(checkpoint))
     information = InformationFormat(tokenizer, blocks.tokens_per_query)
     searched = sft_search.search_through(retriever_address, supported, ("single", "multi"), information,
                                          top_k=blocks.top_k, max_rounds=max_turns)
-    out.mkdir(parents=True, exist_ok=True)
-    prompts = write_jsonl(records, out / "prompts.jsonl")
-    parquet = {}
-    for mode in ("single", "multi"):
-        parquet[mode] = out / f"prompts-{mode}.parquet"
-        data.write_parquet(data.load_qa_tasks(prompts, mode), parquet[mode])
+    prompts, parquet = write_prompts(records, out)
     sft = write_jsonl((t.to_record() for t in searched.trajectories), out / "sft.jsonl")
     return Prepared(prompts, parquet, sft, len(records), len(searched.trajectories), len(supported) * 2)

@@ -26,9 +26,9 @@ LONG_MODULES = (
     "tests/trainer/test_loop.py",
 )
 
-# One worker runs all of a group. The policy modules, the scale rig's and the SFT search's (train sft, data prepare) share the session's retriever and reward
-# servers (tests/common/servers.py); the async loop's and the engine's modules share its in-process vLLM engine
-# (tests/common/engine.py).
+# One worker runs all of a group. The policy modules, the scale rig's and the SFT search's (train sft, data
+# prepare) share the session's retriever and reward servers (tests/common/servers.py); the async loop's and the
+# engine's modules share its in-process vLLM engine (tests/common/engine.py).
 GROUPS = {
     "policy services and the in-process engine": (
         "tests/policy/test_integration.py",

@@ -60,6 +60,10 @@ DISTINCT = {
     "run_dir": "`ragr1 scale` names the folder of a running stack; the stack's own says where to write one",
     "input": "the corpus files `corpus ingest` reads; the FAISS files `index import` splits",
     "ef_search": "a build's HNSW search beam; an import keeps the source index's unless set",
+    "retriever_address": "the retriever the policy's rollouts search; the one SFT's trajectories search (a service "
+    "imports no other's config)",
+    "max_turns": "the policy's generation turns before its answer; the most searches an SFT trajectory makes (the "
+    "demo and data prepare pass the policy's)",
     "policy_replicas": "`ragr1 scale` has no default: a forgotten flag must not scale a running stack down to 1",
 }
 
@@ -68,6 +72,7 @@ DISTINCT = {
 # them from a flag, and no setting's default is copied into them.
 RECORDS = {
     "Action.queries": "the queries of a parsed <search>",
+    "SFTTrajectory.queries": "the queries an SFT trajectory searched",
     "ChannelOptions.max_message_bytes": "a client's channel option, from the process's RAGR1_CLIENT_* variables "
     "(no command's setting), with the servers' default constant",
     "Sampling.seed": "one request's sampling seed (None: unseeded); the engine's seed is EngineSettings'",
@@ -170,7 +175,6 @@ def test_the_services_core_classes_are_the_homes_of_their_settings() -> None:
     """Where a service config's settings are defined: the core's classes, not the config."""
     homes = definitions()
     expected = {
-        "max_turns": "ragr1.services.policy.agent.LoopConfig",
         "max_model_len": "ragr1.services.policy.agent.ContextSettings",
         "max_tokens_per_turn": "ragr1.services.policy.agent.SamplingSettings",
         "kv_cache_gib": "ragr1.services.policy.engine.EngineSettings",

@@ -35,6 +35,18 @@ def searched(retriever: ServiceProcess, tokenizer: Any, modes: tuple[str, ...]) 
                                               sft_search.retriever_search(client, TOP_K))
 
 
+async def replay(retriever: str, tokenizer: Any, config: LoopConfig, script: dict[str, list[str]],
+                 task: Task) -> Any:
+    """The loop writing the scripted texts, searching the retriever at ``retriever``."""
+    search = RetrieverSearch(retriever, top_k=TOP_K, timeout=30.0)
+    try:
+        loop = AgentLoop(ScriptedEngine(tokenizer, script), search, tokenizer, config)
+        (t,) = await loop.run([task], Sampling(max_tokens_per_turn=256), version=0)
+        return t
+    finally:
+        await search.close()
+
+
 def test_the_loop_replaying_a_searched_trajectory_makes_its_token_ids(
     retriever_server: ServiceProcess, tokenizer: Any
 ) -> None:
@@ -46,17 +58,8 @@ def test_the_loop_replaying_a_searched_trajectory_makes_its_token_ids(
         (expected,) = data.tokenize_trajectories(tokenizer, [trajectory])
         script = {trajectory.question: [text for text, generated in trajectory.segments if generated]}
 
-        async def replay() -> Any:
-            search = RetrieverSearch(retriever_server.target, top_k=TOP_K, timeout=30.0)
-            try:
-                loop = AgentLoop(ScriptedEngine(tokenizer, script), search, tokenizer, config)
-                (t,) = await loop.run([Task("q", trajectory.question, trajectory.mode)],
-                                      Sampling(max_tokens_per_turn=256), version=0)
-                return t
-            finally:
-                await search.close()
-
-        t = asyncio.run(replay())
+        t = asyncio.run(replay(retriever_server.target, tokenizer, config, script,
+                                   Task("q", trajectory.question, trajectory.mode)))
         assert t.status is TrajectoryStatus.ANSWERED
         assert t.prompt_ids == expected.prompt_ids
         # SFT also teaches the end-of-sequence token after the answer; the loop stops at </answer>.

@@ -69,7 +69,8 @@ class SFTTrainer:
         question type and mode, goes to ``sft_data.json`` beside the checkpoints."""
         c = self.config
         trajectories: list[data.SFTTrajectory] = []
-        information = InformationFormat(self.model.tokenizer, c.tokens_per_query)
+        tokenizer: Any = self.model.tokenizer
+        information = InformationFormat(tokenizer, c.tokens_per_query)
         searched: list[dict[str, object]] = []
         for name in c.train_files:
             path = shipped.train_source(name)
