@@ -52,6 +52,20 @@ def test_clipped_policy_loss_by_hand() -> None:
     assert stats["ratio_mean"].item() == pytest.approx((math.exp(0.5) + 2 * math.exp(-0.5)) / 3, rel=1e-6)
 
 
+def test_clip_higher_lets_a_rewarded_token_grow_further_and_keeps_the_lower_bound() -> None:
+    """DAPO's clip-higher: the ratio's upper bound is 1 + clip_high, the lower stays 1 - clip."""
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[math.log(1.25), math.log(0.7)]])
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    symmetric, stats = ppo_math.policy_loss(new, old, adv, mask, clip=0.2)
+    higher, higher_stats = ppo_math.policy_loss(new, old, adv, mask, clip=0.2, clip_high=0.28)
+    # Token 1: 1.25 is past 1.2 but inside 1.28; token 2: 0.7 is clipped to 0.8 either way.
+    assert symmetric.item() == pytest.approx(-(1.2 - 0.8) / 2, rel=1e-5)
+    assert higher.item() == pytest.approx(-(1.25 - 0.8) / 2, rel=1e-5)
+    assert (stats["clip_fraction"].item(), higher_stats["clip_fraction"].item()) == pytest.approx((1.0, 0.5))
+
+
 def test_decoupled_importance_weight_is_truncated() -> None:
     old = torch.zeros(1, 2)
     behaviour = torch.tensor([[0.0, -3.0]])  # second token: exp(3) = 20 -> truncated to 2

@@ -144,6 +144,11 @@ class PPOSettings(ModelSettings):
         "KL estimator: k1 (RAG-R1's) or k3 (low variance, >= 0; verl's GRPO); auto: k1 in the reward, k3 in the loss",
     )
     clip: float = setting(0.2, "policy ratio clip")
+    # DAPO's clip-higher: a symmetric clip caps how fast an unlikely token of a rewarded sample can grow,
+    # which is how entropy collapses; a higher upper bound lets exploration survive.
+    clip_high: float = setting(
+        0.0, "upper policy ratio clip, the ratio kept within [1 - clip, 1 + clip_high] (DAPO: 0.28); 0 = clip"
+    )
     value_clip: float = setting(0.5, "value clip around the old values")
     entropy_coef: float = setting(0.001, "entropy bonus coefficient")
     gamma: float = setting(1.0, "discount")
@@ -213,6 +218,8 @@ class PPOSettings(ModelSettings):
         for name in ("actor_warmup_ratio", "critic_warmup_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+        if self.clip_high < 0:
+            raise ValueError(f"clip_high must be >= 0 (0: the same as clip), got {self.clip_high}")
         for name in ("actor_lr", "critic_lr", "clip", "value_clip", "tis_cap"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -162,8 +162,10 @@ def policy_loss(
     behaviour_logprobs: torch.Tensor | None = None,
     tis_cap: float = 2.0,
     denominator: float | torch.Tensor | None = None,
+    clip_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate, decoupled from the behaviour policy when its log-probs are given.
+    """The clipped surrogate, decoupled from the behaviour policy when its log-probs are given. The ratio is
+    clipped to [1 - clip, 1 + clip_high] (``clip_high`` None: ``clip``; DAPO's clip-higher sets it above).
 
     Returns the loss and stats: ``clip_fraction`` (share of tokens whose ratio was clipped in the
     direction that matters), ``approx_kl`` (k1 between proximal and current), ``importance_weight``,
@@ -171,7 +173,7 @@ def policy_loss(
     """
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1 - clip, 1 + clip) * advantages
+    clipped = torch.clamp(ratio, 1 - clip, 1 + (clip if clip_high is None else clip_high)) * advantages
     weights = importance_weights(old_logprobs, behaviour_logprobs, mask, tis_cap)
     per_token = -torch.minimum(unclipped, clipped) * weights
     loss = masked_mean(per_token, mask, denominator)
@@ -238,6 +240,7 @@ def actor_loss(
     kl_coef: float = 0.0,
     kl_kind: KLKind = "k1",
     denominator: float | torch.Tensor | None = None,
+    clip_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss - entropy bonus (+ KL-to-reference loss when ``ref_logprobs`` is given: the
     ``kl_penalty = "loss"`` option; by default the KL is in the rewards instead).
@@ -245,7 +248,7 @@ def actor_loss(
     Every term is a masked mean over the same tokens, so ``<information>`` tokens contribute nothing.
     """
     loss, stats = policy_loss(
-        logprobs, old_logprobs, advantages, mask, clip, behaviour_logprobs, tis_cap, denominator
+        logprobs, old_logprobs, advantages, mask, clip, behaviour_logprobs, tis_cap, denominator, clip_high
     )
     stats["policy_loss"] = loss.detach()
     ent = masked_mean(entropy, mask, denominator)

@@ -260,6 +260,7 @@ class PPOUpdater:
             advantages=prepared.advantages[sel],
             mask=micro.mask,
             clip=s.clip,
+            clip_high=s.clip_high or None,
             entropy_coef=s.entropy_coef,
             tis_cap=s.tis_cap,
             ref_logprobs=pick(prepared.ref_logprobs),
