@@ -49,6 +49,8 @@ from ragr1.stack.gains import (
     GAIN_STAGES,
     StageResult,
     held_out_gain,
+    mode_differences,
+    mode_lines,
     refused_gains,
     stage_gains,
     type_rows,
@@ -381,26 +383,6 @@ class Demo:
             rows += [[f"{stage.stage} (more)", *s.row()] for s in stage.gain_summaries]
         return evaluate.format_table(rows, header)
 
-    def rounds_line(self) -> str:
-        """Multi- against single-query mode per stage: rounds and queries per question, and EM."""
-        lines = []
-        for stage in self.stages:
-            by_mode = {m: [s for s in stage.summaries if s.mode == m] for m in ("single", "multi")}
-            if not all(by_mode.values()):
-                continue
-
-            def mean(mode: str, key: str, by_mode: dict[str, list[evaluate.EvalSummary]] = by_mode) -> float:
-                rows = by_mode[mode]
-                return sum(getattr(s, key) * s.questions for s in rows) / max(1, sum(s.questions for s in rows))
-
-            lines.append(
-                f"{stage.stage:>4}: multi-query {mean('multi', 'retrieval_rounds'):.2f} rounds "
-                f"({mean('multi', 'queries'):.2f} queries) per question, EM {mean('multi', 'exact_match'):.3f}; "
-                f"single-query {mean('single', 'retrieval_rounds'):.2f} rounds "
-                f"({mean('single', 'queries'):.2f} queries), EM {mean('single', 'exact_match'):.3f}"
-            )
-        return "\n".join(lines)
-
     def report(self, latencies: dict[str, Any], sft_checkpoint: Path, wall_seconds: float) -> dict[str, Any]:
         sft_steps = StepLog(self.directory / "sft" / "sft_steps.jsonl").read()
         rl_steps = StepLog(self.rl_dir / "steps.jsonl").read()
@@ -408,7 +390,7 @@ class Demo:
         gains = stage_gains(self.stages, self.config.sources)
         refused = refused_gains(self.stages)
         held_out = held_out_gain(self.stages, self.config.ppo.mode)
-        by_type = type_rows(self.stages)
+        by_type, modes = type_rows(self.stages), mode_differences(self.stages)
         plots = {
             "training": str(report.plot_training(sft_steps, rl_steps, self.directory / "training.png")),
             "latency": str(report.plot_latencies(latencies, self.directory / "latency.png")),
@@ -428,6 +410,7 @@ class Demo:
                        for s in self.stages],
             "baselines": baselines,
             "by_type": by_type,
+            "multi_vs_single": modes,
             "gains": gains,
             "gains_refused": refused,
             "held_out_gain": held_out,
@@ -446,7 +429,8 @@ class Demo:
               "EM and F1 with 95% bootstrap intervals\n", flush=True)
         print(self.table(baselines), flush=True)
         print("\nby question type, the sources pooled:\n" + type_table(by_type), flush=True)
-        print("\n" + self.rounds_line(), flush=True)
+        print("\nmulti- against single-query mode on the same questions (95% intervals):\n"
+              + mode_lines(modes), flush=True)
         if rl_steps:
             print(f"\nRL training batches ({self.config.reward} reward), per update: mean reward "
                   + " ".join(f"{s['reward_total']:.3f}" for s in rl_steps)

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ragr1.shipped import QUESTION_TYPES
+from ragr1.shipped import BRIDGE, COMPARISON, QUESTION_TYPES
 from ragr1.stack import evaluate, stats
 
 STAGES = ("base", "sft", "rl")
@@ -139,3 +139,47 @@ def type_table(rows: Sequence[dict[str, Any]]) -> str:
          f"{r['retrieval_rounds']:.2f}", "-" if r["queries_per_round"] is None else f"{r['queries_per_round']:.2f}",
          f"{r['seconds_per_question']:.2f}"] for r in rows
     ], TYPE_HEADER)
+
+
+# Question groups of the multi- against single-query comparison: every question, the multi-hop ones (where RAG-R1
+# claims fewer rounds), then each type.
+MODE_GROUPS = ("all", "multi-hop", *QUESTION_TYPES)
+MULTI_HOP = frozenset({BRIDGE, COMPARISON})
+
+
+def _in_group(record: dict[str, Any], group: str) -> bool:
+    kind = record.get("question_type") or UNKNOWN_TYPE
+    return group == "all" or (group == "multi-hop" and kind in MULTI_HOP) or kind == group
+
+
+def mode_differences(stages: Sequence[StageResult]) -> list[dict[str, Any]]:
+    """Per stage and question group (``MODE_GROUPS``), multi- against single-query mode on the same questions:
+    each mode's retrieval rounds per question and EM, and the paired difference multi - single of each with
+    its 95% interval. RAG-R1's claim is fewer rounds (an interval below 0) at an EM not lower."""
+    out = []
+    for stage in stages:
+        for group in MODE_GROUPS:
+            mine = [r for r in stage.records if _in_group(r, group)]
+            row: dict[str, Any] = {"stage": stage.stage, "questions": group}
+            for key in ("retrieval_rounds", "exact_match"):
+                single, multi = (paired_scores(mine, key, mode=mode) for mode in ("single", "multi"))
+                if not single or len(single) != len(multi):
+                    break
+                row["n"] = len(single)
+                row[key] = {"single": sum(single) / len(single), "multi": sum(multi) / len(multi),
+                            "difference": dataclasses.asdict(stats.paired_difference(multi, single))}
+            else:
+                out.append(row)
+    return out
+
+
+def mode_lines(rows: Sequence[dict[str, Any]]) -> str:
+    """``mode_differences`` for the terminal."""
+    lines = []
+    for r in rows:
+        rounds, em = r["retrieval_rounds"], r["exact_match"]
+        lines.append(
+            f"{r['stage']:>4} {r['questions']:<10} n {r['n']:>3}: rounds single {rounds['single']:.2f}, multi "
+            f"{rounds['multi']:.2f}, multi - single {stats.Estimate(**rounds['difference'])}; EM single "
+            f"{em['single']:.3f}, multi {em['multi']:.3f}, multi - single {stats.Estimate(**em['difference'])}")
+    return "\n".join(lines)

@@ -16,7 +16,15 @@ from ragr1.services.common.provenance import code_commit
 from ragr1.shipped import BRIDGE, COMPARISON, EVAL_BENCHMARKS, SINGLE_HOP
 from ragr1.stack import evaluate, stats
 from ragr1.stack.demo import demo_config
-from ragr1.stack.gains import StageResult, refused_gains, stage_gains, type_rows, type_table
+from ragr1.stack.gains import (
+    StageResult,
+    mode_differences,
+    mode_lines,
+    refused_gains,
+    stage_gains,
+    type_rows,
+    type_table,
+)
 from ragr1.stack.questions import _usable, split_questions, write_jsonl
 from ragr1.stack.report import quantile
 from ragr1.v1 import common_pb2, policy_pb2, retriever_pb2
@@ -291,3 +299,34 @@ def test_the_report_by_stage_mode_and_question_type() -> None:
     assert len(lines) == 2 + len(table) and "queries/round" in lines[0]
     assert lines[2].split()[:3] == ["sft", "none", SINGLE_HOP] and lines[2].split()[-2] == "-"  # no round: no ratio
     assert str(stats.Estimate(**comparison["exact_match"])) in lines[6]
+
+
+def test_multi_against_single_query_mode_paired_question_by_question_per_type() -> None:
+    # question -> type, (rounds, EM) in single-query mode, (rounds, EM) in multi-query mode
+    questions = {"q1": (COMPARISON, (2, 1), (1, 1)), "q2": (COMPARISON, (2, 0), (1, 1)),
+                 "q3": (BRIDGE, (2, 1), (2, 0)), "q4": (SINGLE_HOP, (1, 1), (1, 1))}
+    records = []
+    for question, (kind, *by_mode) in questions.items():
+        for mode, (rounds, em) in zip(("single", "multi"), by_mode, strict=True):
+            rollout = common_pb2.Rollout(question=question, data_source="hotpotqa", question_type=kind,
+                                         mode=evaluate.MODES[mode], retrieval_rounds=rounds, num_queries=rounds,
+                                         reward=common_pb2.RewardParts(exact_match=em))
+            records.append(evaluate.rollout_record(rollout))
+    only_multi = [r for r in records if r["mode"] == "multi"]
+    rows = mode_differences([StageResult("sft", 1, [], records, 0.0), StageResult("rl", 2, [], only_multi, 0.0)])
+    assert [r["questions"] for r in rows] == ["all", "multi-hop", SINGLE_HOP, BRIDGE, COMPARISON]  # no rl rows
+    for row in rows:
+        mine = [q for q, (kind, *_) in questions.items()
+                if row["questions"] in ("all", kind) or (row["questions"] == "multi-hop" and kind != SINGLE_HOP)]
+        assert row["n"] == len(mine)
+        for key, at in (("retrieval_rounds", 0), ("exact_match", 1)):
+            single = [float(questions[q][1][at]) for q in sorted(mine)]
+            multi = [float(questions[q][2][at]) for q in sorted(mine)]
+            assert row[key]["single"] == pytest.approx(sum(single) / len(mine))
+            assert row[key]["multi"] == pytest.approx(sum(multi) / len(mine))
+            assert row[key]["difference"] == dataclasses.asdict(stats.paired_difference(multi, single))
+    comparison = rows[-1]
+    assert comparison["retrieval_rounds"]["difference"]["mean"] == -1.0  # one round fewer on each
+    assert comparison["exact_match"]["difference"]["mean"] == 0.5
+    json.dumps(rows)
+    assert len(mode_lines(rows).splitlines()) == len(rows) and "multi - single" in mode_lines(rows)
