@@ -44,6 +44,14 @@ class Action:
     dropped: int = 0
 
 
+def split_queries(content: str, separator: str) -> tuple[str, ...]:
+    """The queries of one ``<search>``'s content: cut at every ``separator`` (none: one query), stripped, empty
+    ones dropped. The reward counts a search's queries by this same rule, so that it pays for the queries the
+    loop searched."""
+    parts = content.split(separator) if separator else [content]
+    return tuple(q.strip() for q in parts if q.strip())
+
+
 def parse_action(text: str, *, multi_query: bool, separator: str, max_queries: int) -> Action:
     """The action of one generated turn; queries split (multi-query), stripped and capped."""
     match = _ACTION.search(text)
@@ -52,8 +60,7 @@ def parse_action(text: str, *, multi_query: bool, separator: str, max_queries: i
     kind, content = match.group(1), match.group(2).strip()
     if kind == "answer":
         return Action("answer", content)
-    parts = content.split(separator) if multi_query and separator else [content]
-    found = tuple(q.strip() for q in parts if q.strip())
+    found = split_queries(content, separator if multi_query else "")
     queries = found[: max(1, max_queries) if multi_query else 1]
     if not queries:
         return Action("invalid", content)

@@ -15,7 +15,10 @@ from ragr1.stack.evaluate import parse_modes
 from ragr1.stack.supervisor import RestartPolicy
 
 # The reward service's settings for each ``--reward`` of the stack; em is the service's own default (RAG-R1's).
-REWARD_WEIGHTS: dict[str, dict[str, float]] = {"em": {}, "f1": {"em_weight": 0.0, "f1_weight": 1.0}}
+# parallel-search takes its scheme's own constants (the reward's ``parallel_search`` section).
+REWARD_WEIGHTS: dict[str, dict[str, float | str]] = {
+    "em": {}, "f1": {"em_weight": 0.0, "f1_weight": 1.0}, "parallel-search": {"scheme": "parallel_search"},
+}
 
 
 @dataclasses.dataclass
@@ -35,8 +38,10 @@ class StackConfig(Validated):
     max_model_len: int = same_as(PolicyConfig, "max_model_len")
     # The rollout workers' (RL's) sampling; evaluations ask for greedy decoding per request.
     temperature: float = same_as(PolicyConfig, "temperature")
-    reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's) or f1 "
-                          "(token F1: partial credit, a denser signal for small models)")
+    reward: str = setting("em", "what the reward service pays for: em (exact match, RAG-R1's), f1 "
+                          "(token F1: partial credit, a denser signal for small models) or parallel-search "
+                          "(ParallelSearch's: exact match with format, decomposing comparison questions' first "
+                          "search, the fewest searches each question type needs)")
     kv_cache_gib: int = same_as(PolicyConfig, "kv_cache_gib")
     # The engine's batch and how many trajectories each replica's worker keeps going (0: that batch, as many as
     # the KV cache above holds): said here so that `ragr1 up` states what every replica runs.

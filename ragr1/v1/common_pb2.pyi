@@ -75,12 +75,14 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RewardParts(_message.Message):
-    __slots__ = ("total", "exact_match", "f1", "format", "process", "extracted_answer", "reasons")
+    __slots__ = ("total", "exact_match", "f1", "format", "process", "decomposition", "search_count", "extracted_answer", "reasons")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     EXACT_MATCH_FIELD_NUMBER: _ClassVar[int]
     F1_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
+    DECOMPOSITION_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_COUNT_FIELD_NUMBER: _ClassVar[int]
     EXTRACTED_ANSWER_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
     total: float
@@ -88,9 +90,11 @@ class RewardParts(_message.Message):
     f1: float
     format: float
     process: float
+    decomposition: float
+    search_count: float
     extracted_answer: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, total: _Optional[float] = ..., exact_match: _Optional[float] = ..., f1: _Optional[float] = ..., format: _Optional[float] = ..., process: _Optional[float] = ..., extracted_answer: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, total: _Optional[float] = ..., exact_match: _Optional[float] = ..., f1: _Optional[float] = ..., format: _Optional[float] = ..., process: _Optional[float] = ..., decomposition: _Optional[float] = ..., search_count: _Optional[float] = ..., extracted_answer: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResponseSpan(_message.Message):
     __slots__ = ("text", "kind")

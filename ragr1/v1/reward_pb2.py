@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragr1.v1 import common_pb2 as ragr1_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragr1/v1/reward.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\"\xc3\x01\n\tScoreItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x16\n\x0egolden_answers\x18\x03 \x03(\t\x12\x19\n\x11supporting_titles\x18\x04 \x03(\t\x12$\n\tretrieved\x18\x05 \x03(\x0b\x32\x11.ragr1.v1.Passage\x12\x18\n\x10retrieved_rounds\x18\x06 \x03(\r\x12%\n\x05spans\x18\x07 \x03(\x0b\x32\x16.ragr1.v1.ResponseSpan\"2\n\x0cScoreRequest\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.ragr1.v1.ScoreItem\"6\n\rScoreResponse\x12%\n\x06scores\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.RewardParts2B\n\x06Reward\x12\x38\n\x05Score\x12\x16.ragr1.v1.ScoreRequest\x1a\x17.ragr1.v1.ScoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragr1/v1/reward.proto\x12\x08ragr1.v1\x1a\x15ragr1/v1/common.proto\"\xda\x01\n\tScoreItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x16\n\x0egolden_answers\x18\x03 \x03(\t\x12\x19\n\x11supporting_titles\x18\x04 \x03(\t\x12$\n\tretrieved\x18\x05 \x03(\x0b\x32\x11.ragr1.v1.Passage\x12\x18\n\x10retrieved_rounds\x18\x06 \x03(\r\x12%\n\x05spans\x18\x07 \x03(\x0b\x32\x16.ragr1.v1.ResponseSpan\x12\x15\n\rquestion_type\x18\x08 \x01(\t\"2\n\x0cScoreRequest\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.ragr1.v1.ScoreItem\"6\n\rScoreResponse\x12%\n\x06scores\x18\x01 \x03(\x0b\x32\x15.ragr1.v1.RewardParts2B\n\x06Reward\x12\x38\n\x05Score\x12\x16.ragr1.v1.ScoreRequest\x1a\x17.ragr1.v1.ScoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragr1.v1.reward_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCOREITEM']._serialized_start=59
-  _globals['_SCOREITEM']._serialized_end=254
-  _globals['_SCOREREQUEST']._serialized_start=256
-  _globals['_SCOREREQUEST']._serialized_end=306
-  _globals['_SCORERESPONSE']._serialized_start=308
-  _globals['_SCORERESPONSE']._serialized_end=362
-  _globals['_REWARD']._serialized_start=364
-  _globals['_REWARD']._serialized_end=430
+  _globals['_SCOREITEM']._serialized_end=277
+  _globals['_SCOREREQUEST']._serialized_start=279
+  _globals['_SCOREREQUEST']._serialized_end=329
+  _globals['_SCORERESPONSE']._serialized_start=331
+  _globals['_SCORERESPONSE']._serialized_end=385
+  _globals['_REWARD']._serialized_start=387
+  _globals['_REWARD']._serialized_end=453
 # @@protoc_insertion_point(module_scope)

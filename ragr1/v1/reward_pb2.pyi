@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreItem(_message.Message):
-    __slots__ = ("id", "response", "golden_answers", "supporting_titles", "retrieved", "retrieved_rounds", "spans")
+    __slots__ = ("id", "response", "golden_answers", "supporting_titles", "retrieved", "retrieved_rounds", "spans", "question_type")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     GOLDEN_ANSWERS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class ScoreItem(_message.Message):
     RETRIEVED_FIELD_NUMBER: _ClassVar[int]
     RETRIEVED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_TYPE_FIELD_NUMBER: _ClassVar[int]
     id: str
     response: str
     golden_answers: _containers.RepeatedScalarFieldContainer[str]
@@ -23,7 +24,8 @@ class ScoreItem(_message.Message):
     retrieved: _containers.RepeatedCompositeFieldContainer[_common_pb2.Passage]
     retrieved_rounds: _containers.RepeatedScalarFieldContainer[int]
     spans: _containers.RepeatedCompositeFieldContainer[_common_pb2.ResponseSpan]
-    def __init__(self, id: _Optional[str] = ..., response: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., retrieved: _Optional[_Iterable[_Union[_common_pb2.Passage, _Mapping]]] = ..., retrieved_rounds: _Optional[_Iterable[int]] = ..., spans: _Optional[_Iterable[_Union[_common_pb2.ResponseSpan, _Mapping]]] = ...) -> None: ...
+    question_type: str
+    def __init__(self, id: _Optional[str] = ..., response: _Optional[str] = ..., golden_answers: _Optional[_Iterable[str]] = ..., supporting_titles: _Optional[_Iterable[str]] = ..., retrieved: _Optional[_Iterable[_Union[_common_pb2.Passage, _Mapping]]] = ..., retrieved_rounds: _Optional[_Iterable[int]] = ..., spans: _Optional[_Iterable[_Union[_common_pb2.ResponseSpan, _Mapping]]] = ..., question_type: _Optional[str] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("items",)

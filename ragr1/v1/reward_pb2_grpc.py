@@ -47,8 +47,8 @@ class RewardServicer:
     """
 
     def Score(self, request, context):
-        """Scores every item: exact match, F1, format and retrieval-process parts and their total. Refused
-        (INVALID_ARGUMENT) beyond the server's limits (items per call, search rounds).
+        """Scores every item: exact match, F1, format, retrieval-process, decomposition and search-count parts
+        and their total. Refused (INVALID_ARGUMENT) beyond the server's limits (items per call, search rounds).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

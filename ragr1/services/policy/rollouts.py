@@ -96,6 +96,7 @@ def score_item(
             common_pb2.Passage(id=p.id, title=p.title, text=p.text, score=p.score) for _, p in t.retrieved
         ],
         retrieved_rounds=[r for r, _ in t.retrieved],
+        question_type=task.question_type,
     )
 
 

@@ -9,9 +9,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from ragr1.services.common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS
 from ragr1.services.reward.scoring import Parts
 
-PARTS = ("total", "exact_match", "f1", "format", "process")
-# Parts are in [0, 1] except a weighted total, which may reach the sum of its weights.
-PART_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0, 4.0)
+PARTS = ("total", "exact_match", "f1", "format", "process", "decomposition", "search_count")
+# Parts are in [0, 1] except a weighted total, which may reach the sum of its weights, and ParallelSearch's
+# search count, which falls below 0 for each search past its best (and its total with it).
+PART_BUCKETS = (-1.0, -0.5, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0, 4.0)
 
 SCORE_LATENCY = Histogram(
     "ragr1_reward_score_seconds", "Time to score one batch (core only).", buckets=LATENCY_BUCKETS

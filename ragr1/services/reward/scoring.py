@@ -14,7 +14,8 @@ scorer, and a caller that sends the whole chat anyway is caught: only what follo
 Bad input gets a defined score and a counted reason, never an exception: an empty response, a
 response over ``ScoreLimits.max_response_chars`` (all parts 0, "response_too_long": one runaway
 trajectory must not fail its whole batch), missing gold answers (EM and F1 0 and the total 0 in every
-scheme, "missing_gold"), lone surrogates (replaced, "invalid_unicode"). What makes the *request*
+scheme, "missing_gold"), a question type this project does not know (taken as unknown,
+"unknown_question_type"), lone surrogates (replaced, "invalid_unicode"). What makes the *request*
 malformed (too many items, retrieved_rounds not matching retrieved, a round number over the limit)
 raises ``InvalidArgument``.
 """
@@ -29,11 +30,13 @@ from ragr1.protocol.grammar import ParsedResponse, Span, parse_response, parse_s
 from ragr1.protocol.information import Passage
 from ragr1.services.common.config import Validated, check_at_least, check_choice, section, setting
 from ragr1.services.common.errors import InvalidArgument
+from ragr1.services.reward import parallel_search
 from ragr1.services.reward.answers import exact_match, normalized_golds, token_f1
 from ragr1.services.reward.format_check import FormatWeights, check_format
+from ragr1.services.reward.parallel_search import ParallelSearchSettings
 from ragr1.services.reward.process_reward import RelevanceScorer, Round, process_score
 
-SCHEMES = ("weighted", "search_r1_v03")
+SCHEMES = ("weighted", "search_r1_v03", "parallel_search")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,8 @@ class ScoreInput:
     id: str = ""
     # The response as pieces with who wrote each (generated, information, feedback), in order.
     spans: Sequence[Span] = ()
+    # The task's question type (``shipped.QUESTION_TYPES``, "" unknown): ParallelSearch's parts depend on it.
+    question_type: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,8 @@ class Parts:
     f1: float = 0.0
     format: float = 0.0
     process: float = 0.0
+    decomposition: float = 0.0
+    search_count: float = 0.0
     extracted_answer: str = ""
     reasons: tuple[str, ...] = ()
 
@@ -78,10 +85,14 @@ class Composition(Validated):
     correct answer: 1 if valid else 1 - structure_format_score; otherwise, valid: structure_format_score
     (+ retrieval_score if some round found gold evidence); invalid with an answer: final_format_score;
     no answer: 0.
+
+    ``parallel_search``: ParallelSearch's reward (``parallel_search.py``): correctness and format with its
+    values, plus its decomposition and search-count parts, which depend on the question's type.
     """
 
     scheme: str = setting(
-        "weighted", f"how the parts make the total: {' | '.join(SCHEMES)} (Search-R1's v0.3 reward)"
+        "weighted", f"how the parts make the total: {' | '.join(SCHEMES)} (Search-R1's v0.3 reward, "
+        "ParallelSearch's)"
     )
     # RAG-R1's outcome reward: exact match alone.
     em_weight: float = setting(1.0, "weighted scheme: weight of exact match")
@@ -94,6 +105,9 @@ class Composition(Validated):
     retrieval_score: float = setting(
         0.0, "search_r1_v03: bonus of a valid format whose retrieval found gold evidence"
     )
+    parallel_search: ParallelSearchSettings = section(
+        ParallelSearchSettings, "parallel_search scheme: ParallelSearch's constants, by default its training script's"
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -105,10 +119,13 @@ class Composition(Validated):
         return cls(scheme="search_r1_v03")
 
     def total(self, em: float, f1: float, fmt: float, process: float, valid: bool,
-              has_answer: bool, evidence: bool) -> float:
+              has_answer: bool, evidence: bool, searches: tuple[float, float]) -> float:
+        """``searches``: ParallelSearch's decomposition and search-count parts (only its scheme adds them)."""
         if self.scheme == "weighted":
             return (self.em_weight * em + self.f1_weight * f1 + self.format_weight * fmt
                     + self.process_weight * process)
+        if self.scheme == "parallel_search":
+            return parallel_search.outcome(self.parallel_search, em, valid, has_answer) + sum(searches)
         if em == 1.0:
             return 1.0 if valid else 1.0 - self.structure_format_score
         if valid:
@@ -251,14 +268,22 @@ class RewardScorer:
             elif em == 0.0:
                 reasons.append("wrong_answer")
 
-        rounds = _rounds(item, parsed.contents("search"), parsed.contents("information"))
+        searches = parsed.contents("search")
+        if not parallel_search.known_type(item.question_type):
+            reasons.append("unknown_question_type")
+        klass = parallel_search.question_class(item.question_type)
+        # Computed under every scheme, as the other parts are: a run under exact match still shows how it searched.
+        decomposition = parallel_search.decomposition(settings.parallel_search, searches, klass)
+        count = parallel_search.search_count(settings.parallel_search, len(searches), klass)
+        rounds = _rounds(item, searches, parsed.contents("information"))
         titles = [_clean(t)[0] for t in item.supporting_titles]
         proc = process_score(rounds, golds, titles, settings.relevance_weight, self.scorer)
         reasons += proc.reasons
         # Without gold the outcome is unknown: the total stays 0 (the trainer must not learn from a
         # data error), while the format and process parts are still reported.
         total = 0.0 if not golds else settings.total(
-            em, f1, fmt.score, proc.score, fmt.valid, answer is not None, proc.rounds_with_evidence > 0
+            em, f1, fmt.score, proc.score, fmt.valid, answer is not None, proc.rounds_with_evidence > 0,
+            (decomposition, count),
         )
         return Parts(
             total=total,
@@ -266,6 +291,8 @@ class RewardScorer:
             f1=f1,
             format=fmt.score,
             process=proc.score,
+            decomposition=decomposition,
+            search_count=count,
             extracted_answer=answer or "",
             reasons=tuple(dict.fromkeys(reasons)),
         )

@@ -39,6 +39,7 @@ def to_input(index: int, item: reward_pb2.ScoreItem) -> ScoreInput:
         golden_answers=list(item.golden_answers),
         supporting_titles=list(item.supporting_titles),
         retrieved=[RetrievedPassage(p.title, p.text, r) for p, r in zip(item.retrieved, rounds, strict=True)],
+        question_type=item.question_type,
     )
 
 
@@ -49,6 +50,8 @@ def to_proto(parts: Parts) -> common_pb2.RewardParts:
         f1=parts.f1,
         format=parts.format,
         process=parts.process,
+        decomposition=parts.decomposition,
+        search_count=parts.search_count,
         extracted_answer=parts.extracted_answer,
         reasons=parts.reasons,
     )
