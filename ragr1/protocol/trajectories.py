@@ -8,8 +8,9 @@ the token ids the policy's loop later shows the model.
 ``Searcher`` decides, round by round, what a trajectory searches, by rule, from what the model could know
 at that point: a query is a supporting page's name that the question states (both entities of a comparison,
 the subject of a PopQA question) or that a passage already shown states (a bridge entity); with neither, the
-question itself. Multi-query mode searches every such name of a round in one call, single-query mode one a
-round; a round follows only for what the last one revealed, and none once an answer is in sight and every
+question itself. Multi-query mode searches every such name of a round in one call, and in its first round,
+where the question leaves a page unnamed and a query's room is left, the question itself beside them (the
+broad query that may find that page at once); single-query mode searches one name a round; a round follows only for what the last one revealed, and none once an answer is in sight and every
 name the question states has been searched. What comes back is whatever the retriever
 returns (the caller searches: this package imports no client), and a trajectory is kept only where the
 documents its blocks showed (cut to the per-query budget, as the model sees them) contain an answer alias, as
@@ -162,7 +163,15 @@ class Searcher:
             return []
         if not self.rounds and not self._next:
             return [self._query(self.item.question)]  # nothing named yet: the question itself
-        return [self._query(name) for _, name in self._next[: self.max_queries]]
+        queries = [self._query(name) for _, name in self._next[: self.max_queries]]
+        if not self.rounds and len(queries) < self.max_queries and not self._all_named():
+            # Room left in multi-query mode's first round, and a page the question does not name: the
+            # question itself beside the names, the broad query that may find it in the same round.
+            queries.append(self._query(self.item.question))
+        return queries
+
+    def _all_named(self) -> bool:
+        return all(named_in(title, self.item.question) is not None for title in self.item.gold)
 
     def _query(self, text: str) -> str:
         text = search_query(text, self.separator) if self.mode is Mode.MULTI else " ".join(text.split())

@@ -111,7 +111,8 @@ class DemoConfig(StackConfig):
         0, "more held-out questions per source (after RL's), evaluated after SFT and after RL in the mode RL "
         "trains only: the SFT -> RL gain on more questions than every mode's evaluation affords",
     )
-    train_questions: int = setting(26, "SFT questions per source (a single- and a multi-query trajectory each)")
+    train_questions: int = setting(26, "SFT questions per source (a single- and a multi-query trajectory each, "
+                                   "kept where its search showed an answer)")
     rl_questions: int = setting(16, "RL prompt questions per source, disjoint from SFT's and evaluation's")
     # RAG-R1 mixes NQ's single-hop questions into its RL set; the shipped NQ questions have no passages in
     # the shipped corpus, PopQA's birthplaces have theirs, and the 135M model answers them sometimes, so
