@@ -10,9 +10,10 @@ at that point: a query is a supporting page's name that the question states (bot
 the subject of a PopQA question) or that a passage already shown states (a bridge entity); with neither, the
 question itself. Multi-query mode searches every such name of a round in one call, and in its first round,
 where the question leaves a page unnamed and a query's room is left, the question itself beside them (the
-broad query that may find that page at once); single-query mode searches one name a round; a round follows only for what the last one revealed, and none once an answer is in sight and every
-name the question states has been searched. What comes back is whatever the retriever
-returns (the caller searches: this package imports no client), and a trajectory is kept only where the
+broad query that may find that page at once); single-query mode searches one name a round. A round follows
+only for what the last one revealed, and none once an answer is in sight and every name the question states
+has been searched. What comes back is whatever the retriever returns (the caller searches: this package
+imports no client), and a trajectory is kept only where the
 documents its blocks showed (cut to the per-query budget, as the model sees them) contain an answer alias, as
 trajectories of a real search would be filtered.
 
