@@ -31,7 +31,7 @@ def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--reward", "bleu"], "reward must be one of em, f1, got 'bleu'"),
+        (["--reward", "bleu"], "reward must be one of em, f1, parallel-search, got 'bleu'"),
         (["--rl-questions", "0"], "rl_questions must be at least 1"),
         (["--ppo.mode", "none"], "ppo.mode must be one of single, multi, got 'none'"),
         (["--ppo.samples-per-prompt", "3"], "ppo: batch_size (8) must be a multiple of samples_per_prompt (3)"),
