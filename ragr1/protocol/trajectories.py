@@ -199,10 +199,16 @@ class Searcher:
         self._next = self._plan()
 
     def _reason(self, queries: Sequence[str]) -> str:
-        listed = " and ".join(queries)
+        # The question searched as a query is not written out again: the think stays short, within a turn's
+        # token budget beside the search itself.
+        question = self._query(self.item.question)
+        names = [q for q in queries if q != question]
+        listed = " and ".join(names)
         if not self.rounds:
-            if queries == [self._query(self.item.question)] and not self._next:
+            if not names:
                 return "I need to search for the question."
+            if question in queries:
+                return f"I need to know about {listed}, and to search the question."
             return f"I need to know about {listed}."
         revealed = [q for q in queries if named_in(q, self.item.question) is None]
         if revealed:
