@@ -23,10 +23,11 @@ def test_quick_demo_trains_through_the_queue_and_cleans_up(tmp_path: Path) -> No
     run_dir = tmp_path / "run"
     result = subprocess.run(
         # The quick preset, smaller still (flags override a preset): this is the longest end-to-end test. On the
-        # default's PopQA question the one-question SFT model answers without searching; on these multi-hop
-        # ones it searches, so the retriever's latency is in the report.
+        # default's PopQA question a few-question SFT model answers without searching; on these multi-hop ones
+        # it searches, so the retriever's latency is in the report. SFT keeps only the trajectories whose search
+        # showed an answer: three questions a source leave it some to learn searching from, one may leave none.
         [sys.executable, "-m", "ragr1", "demo", "--preset", "quick", "--eval-questions", "1",
-         "--train-questions", "1", "--sources", "hotpotqa,musique", "--base-port", str(base),
+         "--train-questions", "3", "--sources", "hotpotqa,musique", "--base-port", str(base),
          "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=1200,
     )
