@@ -193,6 +193,8 @@ def test_the_services_core_classes_are_the_homes_of_their_settings() -> None:
         "search_threads": "ragr1.services.retriever.shard.ShardSettings",
     }
     assert {name: homes[name] for name in expected} == {name: {home} for name, home in expected.items()}
+    # The loop's turns, and SFT's searches a trajectory makes at most (DISTINCT says why two): nowhere else.
+    assert homes["max_turns"] == {"ragr1.services.policy.agent.LoopConfig", "ragr1.services.trainer.config.SFTConfig"}
 
 
 # The services' parts that take a settings object whole, as vLLM's take their config: the part, the class of
