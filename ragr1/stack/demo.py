@@ -151,6 +151,25 @@ def demo_config(preset: str = DEFAULT_PRESET, **settings: Any) -> DemoConfig:
     return load(DemoConfig, file=preset_files(preset), env={}, overrides=settings)
 
 
+def train_sft(args: Sequence[str], out: Path, log: Path) -> Path:
+    """``ragr1 ARGS`` (a ``train sft`` writing under ``out``) as a child process, its output in ``log``; returns the
+    policy folder of the checkpoint it wrote."""
+    # With a lifeline, as the services have: a run killed mid-SFT must not leave the training running.
+    lifeline_env, lifeline_fds = lifeline.for_child()
+    with open(log, "ab") as handle:
+        result = subprocess.run([sys.executable, "-m", "ragr1", *args], stdout=handle, stderr=subprocess.STDOUT,
+                                env={**os.environ, **lifeline_env}, pass_fds=lifeline_fds)
+    if result.returncode != 0:
+        raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
+    # Here, not at the top: the checkpoints are torch's, and ``ragr1 --help`` (which reads this module's
+    # DemoConfig) must not load torch (the reward and retriever images have none).
+    from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
+
+    latest = Checkpointer(out / "checkpoints").latest()
+    if latest is None:
+        raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
+    return policy_dir(latest[0])
+
 class Demo:
     def __init__(self, config: DemoConfig) -> None:
         self.config = config
@@ -271,26 +290,11 @@ class Demo:
         })]
 
     def sft(self) -> Path:
-        """``ragr1 train sft`` as a child process (its log beside the services'); returns the checkpoint."""
+        """``ragr1 train sft`` of the SFT stage; returns the checkpoint."""
         out = self.directory / "sft"
         log = self.directory / "logs" / "sft.log"
-        args = [sys.executable, "-m", "ragr1", *self.sft_args(out)]
         print(f"SFT (format learning) on {self.train_file.name}; log {log}", flush=True)
-        # With a lifeline, as the services have: a demo killed mid-SFT must not leave the training running.
-        lifeline_env, lifeline_fds = lifeline.for_child()
-        with open(log, "ab") as handle:
-            result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **lifeline_env}, pass_fds=lifeline_fds)
-        if result.returncode != 0:
-            raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
-        # Here, not at the top: the checkpoints are torch's, and ``ragr1 --help`` (which reads this module's
-        # DemoConfig) must not load torch (the reward and retriever images have none).
-        from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir
-
-        latest = Checkpointer(out / "checkpoints").latest()
-        if latest is None:
-            raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
-        return policy_dir(latest[0])
+        return train_sft(self.sft_args(out), out, log)
 
     def rl_spec(self, start_checkpoint: Path, start_version: int) -> ServiceSpec:
         """The PPO trainer of the RL stage: the ``ppo`` section on the RL questions, ``ppo.max_updates`` updates."""

@@ -2,6 +2,7 @@
 then every prompt is accounted for from Redis and the trainer's checkpoint, not from the code's counters.
 
     .venv/bin/python -m tests.faults.harness [--updates 16] [--seed 0] [--run-dir DIR] [--reclaim-ms MS]
+        [--sft-questions 12] [--sft-checkpoint DIR]
 
 The rollout workers run with the default ``reclaim_idle_ms`` (10 minutes), as deployed, so that no fault is
 hidden by a short reclaim time: only the worker paused past it may lose its prompts to a reclaim, and the run
@@ -14,9 +15,11 @@ reach ``--updates`` before the last faults; "every fault injected" then fails, n
 The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
 shards, the reward service, one policy replica with a rollout worker, the PPO trainer with GRPO and LoRA on
 SmolLM2-135M), supervised as `ragr1 up` supervises it: whatever dies is restarted with backoff, and
-`ragr1 scale` adds and removes policy replicas. The trainer starts from other weights than the replicas'
-own model (a copy of it with one tensor changed, as an SFT checkpoint would be): it announces them as v0,
-and every replica must load them before its first prompt. A third of the prompts cannot be served
+`ragr1 scale` adds and removes policy replicas. The trainer starts, as a real run does, from an SFT checkpoint
+that is not the replicas' own model: `ragr1 train sft` on ``--sft-questions`` questions a source, searched
+through the stack's retriever once it is up (or ``--sft-checkpoint``, an earlier run's). It announces them
+as v0, and every replica must load them before its first prompt. The SFT model searches, where the base
+model hardly does: without searches the retriever's faults would meet no call. A third of the prompts cannot be served
 (questions over the policy's length limit), so their workers dead-letter them. Faults, each at a point drawn
 from ``--seed`` or chosen by the run's state:
 
@@ -84,20 +87,23 @@ import grpc
 import redis
 
 from ragr1.errors import ServiceCallError
-from ragr1.model_paths import policy_checkpoint
+from ragr1.model_paths import find_model, policy_checkpoint
 from ragr1.services.common import fleet
+from ragr1.services.common.config import flags
 from ragr1.services.common.process import ServiceProcess
 from ragr1.services.common.streams import HANDED_BACK, PROMPTS, ROLLOUTS
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.policy.config import PolicyConfig
 from ragr1.services.retriever.client import RetrieverClient
 from ragr1.services.trainer.checkpoint import Checkpointer
+from ragr1.services.trainer.config import SFTConfig
 from ragr1.shipped import ROOT
 from ragr1.stack import wiring
 from ragr1.stack.config import StackConfig
+from ragr1.stack.demo import train_sft
 from ragr1.stack.index_cache import ensure_index
 from ragr1.stack.local import run_dir
-from ragr1.stack.questions import split_questions, write_jsonl
+from ragr1.stack.questions import Split, split_questions, write_jsonl
 from ragr1.stack.scale import Scaler, is_replica, replica_name
 from ragr1.stack.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from ragr1.v1 import common_pb2
@@ -125,6 +131,10 @@ TOOK_OVER = re.compile(r"prompts: (\S+) took over (.+?), idle for (\d+) ms or mo
 STALL_S = 60
 # How long a shard stays down: the issue's five minutes, past the retry budget of a prompt (5 deliveries).
 SHARD_DOWN_S = 300
+# The SFT of the trainer's starting weights: enough that the model searches (the quick demo's three questions a
+# source, one pass, sometimes does not), little enough to take a minute or two.
+SFT_QUESTIONS = 12
+SFT_EPOCHS = 2
 # Questions the policy refuses (over its max_question_chars of 4096): their prompts are dead-lettered.
 UNSERVABLE = "Which of these is the answer? " + "and which of them? " * 260
 
@@ -664,10 +674,9 @@ class Chaos:
         print(f"chaos: the trainer trained on after the Redis restart: {fault.detail['same_trainer']}", flush=True)
 
 
-def prompts_file(directory: Path) -> tuple[Path, int]:
+def prompts_file(directory: Path, split: Split) -> tuple[Path, int]:
     """RL questions with every third replaced by one the policy refuses; returns the file and how many
     templates it has."""
-    split = split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4, rl_sources=("popqa", "hotpotqa"))
     records = []
     for i, record in enumerate(split.rl):
         records.append(record)
@@ -676,50 +685,50 @@ def prompts_file(directory: Path) -> tuple[Path, int]:
     return write_jsonl(records, directory / "data" / "rl.jsonl"), len(records)
 
 
-def starting_weights(model: Path, directory: Path) -> Path:
-    """The replicas' model with one tensor scaled by 1.01: weights the trainer starts from that no replica
-    serves of its own, as an SFT checkpoint is."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    target = directory / "start"
-    target.mkdir(parents=True)
-    for file in model.iterdir():
-        if file.suffix != ".safetensors":
-            (target / file.name).symlink_to(file)
-    for file in sorted(model.glob("*.safetensors")):
-        tensors = load_file(str(file))
-        name = sorted(n for n in tensors if n.endswith("norm.weight"))[-1]
-        tensors[name] = tensors[name] * torch.tensor(1.01, dtype=tensors[name].dtype)
-        save_file(tensors, str(target / file.name), metadata={"format": "pt"})
-    return target
+def questions(sft_questions: int) -> Split:
+    """The SFT questions (HotpotQA's and PopQA's first), then the RL questions after them."""
+    return split_questions(0, sft_questions, sources=("hotpotqa", "popqa"), rl_per_source=4,
+                           rl_sources=("popqa", "hotpotqa"))
 
 
-def build(config: StackConfig, directory: Path, updates: int, reclaim_ms: int) -> tuple[Supervisor, Scaler, int]:
+def build(config: StackConfig, directory: Path, split: Split, reclaim_ms: int) -> tuple[Supervisor, Scaler, Path]:
+    """The stack but its trainer (which starts from the SFT weights trained through it), and the policy's model."""
     ports = wiring.Ports.of(config)
     model = policy_checkpoint(config.model)
-    start = starting_weights(model, directory)
-    prompts, templates = prompts_file(directory)
-    index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens,
-                         ids=split_questions(0, 0, sources=("hotpotqa",), rl_per_source=4,
-                                             rl_sources=("popqa", "hotpotqa")).passage_ids())
+    index = ensure_index(0, config.num_shards, config.index_type, config.max_passage_tokens, ids=split.passage_ids())
     worker = {"reclaim_idle_ms": reclaim_ms, "worker_batch": 2, "max_in_flight": 2, "grace_seconds": GRACE_S,
               "stall_seconds": STALL_S}
 
     def replica(i: int) -> ServiceSpec:
         return wiring.policy_spec(config, ports, model, worker, name=replica_name(i), port=ports.replica(i))
 
-    trainer = wiring.trainer_spec(
-        config, ports, start, directory / "trainer",
+    specs = [*wiring.retrieval_specs(config, ports, index), wiring.reward_spec(config, ports), replica(0)]
+    supervisor = Supervisor(directory, specs, ports.redis, auth=True)
+    return supervisor, Scaler(supervisor, replica), model
+
+
+def sft(config: StackConfig, directory: Path, model: Path, split: Split, epochs: int) -> Path:
+    """``ragr1 train sft`` on the split's SFT questions in both search modes, searched through the running stack's
+    router with the stack's turns and block budget, as the demo's SFT stage; returns the checkpoint."""
+    out = directory / "sft"
+    settings = {"model": str(model), "train_files": [str(write_jsonl(split.train, directory / "data" / "sft.jsonl"))],
+                "limit": 0, "modes": ["single", "multi"], "epochs": epochs, "tokens_per_query": config.tokens_per_query,
+                "max_turns": config.max_turns, "output_dir": str(out),
+                "retriever_address": f"{wiring.HOST}:{wiring.Ports.of(config).router}"}
+    log = directory / "logs" / "sft.log"
+    print(f"SFT on {len(split.train)} questions; log {log}", flush=True)
+    return train_sft(["train", "sft", *flags(SFTConfig, settings)], out, log)
+
+
+def trainer_spec(config: StackConfig, directory: Path, start: Path, prompts: Path, updates: int) -> ServiceSpec:
+    return wiring.trainer_spec(
+        config, wiring.Ports.of(config), start, directory / "trainer",
         {"prompts_file": str(prompts), "mode": "multi", "max_updates": updates, "batch_size": 4,
          "samples_per_prompt": 2, "advantage": "grpo", "lora_rank": 16, "actor_lr": 1e-4,
          "mini_batch_size": 4, "micro_batch_size": 2,
          # The audit reads every entry the run produced; trimming (tests/trainer/test_loop.py) would delete them.
          "trim_streams": False},
     )
-    specs = [*wiring.retrieval_specs(config, ports, index), wiring.reward_spec(config, ports), replica(0), trainer]
-    supervisor = Supervisor(directory, specs, ports.redis, auth=True)
-    return supervisor, Scaler(supervisor, replica), templates
 
 
 def waiting(client: Any, stream: str, group: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -1029,18 +1038,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=24000)
     parser.add_argument("--reclaim-ms", type=int, default=RECLAIM_MS,
                         help="the rollout workers' reclaim_idle_ms (default: theirs, as deployed)")
+    parser.add_argument("--sft-questions", type=int, default=SFT_QUESTIONS,
+                        help="SFT questions a source (HotpotQA, PopQA) of the trainer's starting weights")
+    parser.add_argument("--sft-epochs", type=int, default=SFT_EPOCHS, help="SFT passes over them")
+    parser.add_argument("--sft-checkpoint", default="",
+                        help="start from this SFT checkpoint (an earlier run's sft/checkpoints/v000001/policy)")
     args = parser.parse_args(argv)
     timeout = TIMEOUT_S + 2 * args.reclaim_ms / 1000
     config = StackConfig(run_dir=args.run_dir or str(ROOT / "runs" / f"faults-{time.strftime('%Y%m%d-%H%M%S')}"),
                          base_port=args.base_port, max_turns=2, max_tokens_per_turn=64, tokens_per_query=64,
                          max_model_len=2048, kv_cache_gib=1, reward="f1")
     directory = run_dir(config)
-    supervisor, scaler, templates = build(config, directory, args.updates, args.reclaim_ms)
-    started, before = time.monotonic(), engine_processes()
+    split = questions(args.sft_questions)
+    prompts, templates = prompts_file(directory, split)
+    supervisor, scaler, model = build(config, directory, split, args.reclaim_ms)
+    before = engine_processes()
     print(f"starting the stack; logs in {supervisor.log_dir}", flush=True)
     restarts = RestartPolicy(max_restarts=TRAINER_KILLS + 2, window_seconds=timeout, first_backoff=1.0,
                              max_backoff=5.0)
     with supervisor.start():
+        start = (find_model(args.sft_checkpoint, "--sft-checkpoint") if args.sft_checkpoint
+                 else sft(config, directory, model, split, args.sft_epochs))
+        supervisor.add(trainer_spec(config, directory, start, prompts, args.updates))
+        started = time.monotonic()
         refused = refusals(supervisor)
         chaos = Chaos(supervisor, args.updates, args.seed, args.reclaim_ms)
         trainer = supervisor.processes["trainer"]
