@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,7 @@ else:
 """
 
 
-def synthetic(rows: int, dim: int, chunk: int, seed: int = 0):  # type: ignore[no-untyped-def]
+def synthetic(rows: int, dim: int, chunk: int, seed: int = 0) -> Iterator[np.ndarray]:
     rng = np.random.default_rng(seed)
     for start in range(0, rows, chunk):
         x = rng.standard_normal((min(chunk, rows - start), dim), dtype=np.float32)

@@ -51,7 +51,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,6 +63,7 @@ from bench.retriever.throughput import (
     Cluster,
     Load,
     QueryFeed,
+    baseline_search,
     interleaved,
     load_retriever,
     metric,
@@ -390,43 +391,78 @@ def measure_load(cluster: Cluster, pool: Sequence[str], concurrency: int, second
     return Point(load, stage_means(before[0], after[0], before[1], after[1]), spent[0], sum(spent[1:]))
 
 
+def checked_calls(data: Synthetic, calls: int) -> list[np.ndarray]:
+    """``calls`` calls of ``QUERIES_PER_CALL`` questions (their rows in ``data.questions``), drawn at random, the
+    same in every run."""
+    order = np.random.default_rng(SEED).permutation(len(data.questions))[: calls * QUERIES_PER_CALL]
+    return [order[i : i + QUERIES_PER_CALL] for i in range(0, len(order), QUERIES_PER_CALL)]
+
+
+def answer_shares(data: Synthetic, expected: Sequence[str], calls: Sequence[np.ndarray],
+                  answers: Sequence[Sequence[Sequence[str]]]) -> tuple[float, float]:
+    """Of the queries of ``calls``, given each call's hits (passage ids per query, best first): the share whose
+    first hit is ``expected``'s, and the share whose planted row is among the hits."""
+    first = found = queries = 0
+    for rows, hits in zip(calls, answers, strict=True):
+        for r, ids in zip(rows, hits, strict=True):
+            first += bool(ids) and ids[0] == expected[int(r)]
+            found += passage_id(int(data.planted[r])) in ids
+            queries += 1
+    if not queries:
+        return float("nan"), float("nan")
+    return first / queries, found / queries
+
+
 def agreement(target: str, data: Synthetic, expected: Sequence[str], calls: int,
               concurrency: int) -> tuple[float, float]:
-    """Over ``calls`` calls of 3 questions: the share of queries whose first hit is ``expected``'s, and the share
-    whose planted row is among the ``RECALL_K`` hits."""
-    order = np.random.default_rng(SEED).permutation(len(data.questions))[: calls * QUERIES_PER_CALL]
-    groups = [order[i : i + QUERIES_PER_CALL] for i in range(0, len(order), QUERIES_PER_CALL)]
+    """``answer_shares`` of the router at ``target`` over ``calls`` calls, ``RECALL_K`` hits a query."""
+    groups = checked_calls(data, calls)
 
-    async def run() -> tuple[float, float]:
+    async def run() -> list[list[list[str]]]:
         client = AsyncRetrieverClient(target, timeout=300)
         gate = asyncio.Semaphore(concurrency)
-        first = found = 0
 
-        async def one(rows: np.ndarray) -> None:
-            nonlocal first, found
+        async def one(rows: np.ndarray) -> list[list[str]]:
             async with gate:
                 reply = await client.search([data.questions[r] for r in rows], RECALL_K)
-            for r, result in zip(rows, reply.results, strict=True):
-                ids = [p.id for p in result.passages]
-                first += bool(ids) and ids[0] == expected[int(r)]
-                found += passage_id(int(data.planted[r])) in ids
+            return [[p.id for p in result.passages] for result in reply.results]
 
         try:
-            await asyncio.gather(*(one(g) for g in groups))
+            return await asyncio.gather(*(one(g) for g in groups))
         finally:
             await client.close()
-        return first / len(order), found / len(order)
 
-    return asyncio.run(run())
+    return answer_shares(data, expected, groups, asyncio.run(run()))
+
+
+def baseline_agreement(url: str, data: Synthetic, expected: Sequence[str], calls: int) -> tuple[float, float]:
+    """``answer_shares`` of the Search-R1-style server at ``url`` (``throughput.baseline``), one call at a time."""
+    groups = checked_calls(data, calls)
+    answers = [baseline_search(url, [data.questions[r] for r in rows], RECALL_K) for rows in groups]
+    return answer_shares(data, expected, groups, answers)
+
+
+def sized_calls(search: Callable[[list[str]], object], pool: Sequence[str]) -> list[Callable[[], object]]:
+    """A call of each of ``CALL_SIZES`` questions through ``search``, each taking the next questions of ``pool``."""
+    feed = itertools.cycle(pool)
+
+    def of(n: int) -> Callable[[], object]:
+        return lambda: search([next(feed) for _ in range(n)])
+
+    return [of(n) for n in CALL_SIZES]
+
+
+def size_medians(calls: Sequence[Callable[[], object]], rounds: int) -> dict[int, float]:
+    """Median ms of each of ``sized_calls``' calls at 1 client, interleaved, by call size."""
+    return dict(zip(CALL_SIZES, interleaved(calls, rounds), strict=True))
 
 
 def call_sizes(cluster: Cluster, pool: Sequence[str], rounds: int) -> tuple[dict[int, float], dict[int, dict]]:
     """Median ms of calls of each of ``CALL_SIZES`` questions at 1 client, interleaved; then, calling each size on
     its own for ``rounds`` calls, the router's mean ms per call in each stage (embed, fanout, merge)."""
-    feed = itertools.cycle(pool)
     with RetrieverClient(cluster.target, timeout=300) as client:
-        calls = [lambda n=n: client.search([next(feed) for _ in range(n)], TOP_K) for n in CALL_SIZES]
-        medians = dict(zip(CALL_SIZES, interleaved(calls, rounds), strict=True))
+        calls = sized_calls(lambda queries: client.search(queries, TOP_K), pool)
+        medians = size_medians(calls, rounds)
         stages = {}
         for n, call in zip(CALL_SIZES, calls, strict=True):
             before = stage_scrape(cluster.metrics)

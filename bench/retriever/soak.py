@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import threading
 import time
@@ -46,7 +45,9 @@ MB = 2**20
 @contextmanager
 def sampled(pids: dict[str, int], also: Callable[[], float] | None = None) -> Iterator[dict[str, list[float]]]:
     """Resident memory (MB) of each pid every second while the block runs; ``also``: one more series."""
-    series: dict[str, list[float]] = {name: [] for name in pids} | ({"redis used_memory": []} if also else {})
+    series: dict[str, list[float]] = {name: [] for name in pids}
+    if also:
+        series["redis used_memory"] = []
     processes = {name: psutil.Process(pid) for name, pid in pids.items()}
     stop = threading.Event()
 
@@ -187,4 +188,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

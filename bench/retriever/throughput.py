@@ -175,12 +175,15 @@ def metric(url: str, name: str, labels: str = "") -> dict[str, float]:
 
 
 def baseline_server(index_dir: Path, port: int) -> None:
-    """Serves POST /retrieve: each request embeds its own queries (float32 torch) and searches on its own."""
+    """Serves POST /retrieve as Search-R1's retrieval_server.py does: shard 0 of ``index_dir`` (the whole index
+    in a 1-shard layout) read whole into memory by ``faiss.read_index``, the index's model on float32 torch
+    whatever backend the index declares, and a thread per request that embeds its own queries and searches on
+    its own."""
     import faiss
 
     one_thread_each()
     manifest = LoadedManifest(index_dir)
-    encoder = Encoder(manifest.manifest.encoder, device="cpu")
+    encoder = Encoder(dataclasses.replace(manifest.manifest.encoder, backend="torch"), device="cpu")
     index = faiss.read_index(str(manifest.shard_path(0)))
     store = PassageStore(manifest.store_path())
 
@@ -218,9 +221,10 @@ def baseline_server(index_dir: Path, port: int) -> None:
 
 @contextmanager
 def baseline(index_dir: Path, logs: Path) -> Iterator[str]:
-    proc = ServiceProcess(
-        "baseline", [sys.executable, __file__, "--baseline-server", str(index_dir)], None, logs / "baseline.log"
-    ).launch()
+    # A log of its own: the READY line is read from it, and a restarted server's log would hold the last one's.
+    log = logs / f"baseline-{time.monotonic_ns()}.log"
+    command = [sys.executable, __file__, "--baseline-server", str(index_dir)]
+    proc = ServiceProcess("baseline", command, None, log).launch()
     try:
         yield f"http://{proc.wait_ready(180, 'baseline')['http']}/retrieve"
     finally:
@@ -365,6 +369,21 @@ async def drive(
     )
 
 
+def retrieve_body(queries: list[str], topk: int) -> dict[str, object]:
+    """A POST /retrieve request's body, as Search-R1's rollouts send it."""
+    return {"queries": queries, "topk": topk, "return_scores": True}
+
+
+def baseline_search(url: str, queries: list[str], topk: int = TOP_K) -> list[list[str]]:
+    """One call of the baseline server (a new connection, as Search-R1's ``requests.post``): each query's hits'
+    passage ids, best first."""
+    body = json.dumps(retrieve_body(queries, topk)).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as reply:
+        result = json.loads(reply.read())["result"]
+    return [[hit["document"]["id"] for hit in hits] for hits in result]
+
+
 async def load_baseline(url: str, pool: Sequence[str], concurrency: int, seconds: float) -> Load:
     import aiohttp
 
@@ -372,8 +391,7 @@ async def load_baseline(url: str, pool: Sequence[str], concurrency: int, seconds
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
 
         async def call(queries: list[str]) -> object:
-            body = {"queries": queries, "topk": TOP_K, "return_scores": True}
-            async with session.post(url, json=body) as reply:
+            async with session.post(url, json=retrieve_body(queries, TOP_K)) as reply:
                 reply.raise_for_status()
                 return await reply.json()
 
@@ -445,6 +463,11 @@ def one_vs_three(target: str, pool: Sequence[str], rounds: int) -> tuple[float, 
                 rounds,
             )
         )
+
+
+def row_header() -> str:
+    """The header of ``row``'s columns."""
+    return f"   {'':<34} {'calls/s':>8} {'queries/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'calls':>6} {'errors':>6}"
 
 
 def row(name: str, r: Load, stages: dict[str, float] | None = None) -> str:
@@ -525,8 +548,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print()
 
     print("4. load")
-    header = f"   {'':<34} {'calls/s':>8} {'queries/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'calls':>6} {'errors':>6}"
-    print(header + "  router ms/call: embed fanout merge")
+    print(row_header() + "  router ms/call: embed fanout merge")
     results: dict[str, Load] = {}
 
     def measure(cluster: Cluster, name: str, concurrency: int, feed: QueryFeed) -> Load:
