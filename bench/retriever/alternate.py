@@ -20,7 +20,8 @@ per call in each stage.
 The Search-R1-style server is ``throughput.baseline_server``, serving an index as Search-R1's
 ``search_r1/search/retrieval_server.py`` does: POST /retrieve, the index's model on float32 torch, the FAISS file
 read whole into memory by ``faiss.read_index``, a thread per request that embeds its own queries and searches on
-its own (one torch and one FAISS thread each, as each shard searches on one thread). It serves the same source
+its own, with torch's and FAISS's default threads (every core), as Search-R1's server runs
+(``--search-r1-threads one``: one each, as each of our shards searches on one thread). It serves the same source
 file imported as 1 shard (shard 0 is then the whole index), so it needs the flat source's size in memory, and as
 much again on disk for that layout.
 
@@ -89,11 +90,11 @@ class Start:
 
 
 @contextmanager
-def search_r1_server(index_dir: Path, logs: Path) -> Iterator[str]:
+def search_r1_server(index_dir: Path, logs: Path, library_threads: bool) -> Iterator[str]:
     """``throughput.baseline`` over a 1-shard layout, yielding its URL. Once the server holds the file in its own
     memory, the file's cached pages are dropped, so that the page cache keeps the shards' layout rather than a
     second copy of what the server already holds."""
-    with baseline(index_dir, logs) as url:
+    with baseline(index_dir, logs, library_threads) as url:
         scale.drop_cache(LoadedManifest(index_dir).shard_path(0))
         yield url
 
@@ -115,7 +116,7 @@ def router_start(index_dir: Path, work: Path, data: scale.Synthetic, expected: S
 def search_r1_start(whole: Path, work: Path, data: scale.Synthetic, expected: Sequence[str],
                     args: argparse.Namespace, load: bool) -> Start:
     """One start of the Search-R1-style server, loaded after its 1-client part if ``load``."""
-    with search_r1_server(whole, work) as url:
+    with search_r1_server(whole, work, args.search_r1_threads == "library") as url:
         first, _ = scale.baseline_agreement(url, data, expected, args.checked_calls)
         calls = scale.sized_calls(lambda queries: baseline_search(url, queries), data.questions)
         medians = scale.size_medians(calls, args.rounds)
@@ -165,6 +166,9 @@ def main() -> None:
     parser.add_argument("--checked-calls", type=int, default=8, help="calls of 3 questions whose answers are checked")
     parser.add_argument("--search-r1", action=argparse.BooleanOptionalAction, default=True,
                         help="flat layouts: also the Search-R1-style server over the same index")
+    parser.add_argument("--search-r1-threads", choices=("library", "one"), default="library",
+                        help="the Search-R1-style server's torch and FAISS threads: the libraries' default (every "
+                        "core), as Search-R1's server runs, or one each, as each of our shards searches")
     parser.add_argument("--concurrency", type=int, default=32,
                         help="clients loading each start of the retriever and the Search-R1-style server (0: none)")
     parser.add_argument("--load-seconds", type=float, default=8.0, help="duration of each load measurement")
@@ -182,7 +186,8 @@ def main() -> None:
           f"checked calls' questions answered as by the unsharded index; median ms at 1 client of {args.rounds} calls "
           f"of each size; the router's ms per call by stage; memory available {scale.available_gb():.1f} GB")
     if args.search_r1:
-        print(f"{SEARCH_R1}: the same index as 1 shard, float32 torch encoder, index read whole, a thread per request "
+        print(f"{SEARCH_R1}: the same index as 1 shard, float32 torch encoder, index read whole, a thread per request, "
+              f"{'every core' if args.search_r1_threads == 'library' else 'one thread'} for torch and FAISS "
               "(flat layouts)")
     for kind, source in sources.items():
         expected = scale.expected_first(data, kind, source)

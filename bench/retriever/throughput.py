@@ -174,14 +174,15 @@ def metric(url: str, name: str, labels: str = "") -> dict[str, float]:
 # ---- 4. the servers -------------------------------------------------------------------------------------
 
 
-def baseline_server(index_dir: Path, port: int) -> None:
+def baseline_server(index_dir: Path, port: int, library_threads: bool = False) -> None:
     """Serves POST /retrieve as Search-R1's retrieval_server.py does: shard 0 of ``index_dir`` (the whole index
     in a 1-shard layout) read whole into memory by ``faiss.read_index``, the index's model on float32 torch
     whatever backend the index declares, and a thread per request that embeds its own queries and searches on
     its own."""
     import faiss
 
-    one_thread_each()
+    if not library_threads:
+        one_thread_each()
     manifest = LoadedManifest(index_dir)
     encoder = Encoder(dataclasses.replace(manifest.manifest.encoder, backend="torch"), device="cpu")
     index = faiss.read_index(str(manifest.shard_path(0)))
@@ -220,10 +221,13 @@ def baseline_server(index_dir: Path, port: int) -> None:
 
 
 @contextmanager
-def baseline(index_dir: Path, logs: Path) -> Iterator[str]:
+def baseline(index_dir: Path, logs: Path, library_threads: bool = False) -> Iterator[str]:
+    """The baseline server as a process; ``library_threads``: torch's and FAISS's default threads (every core), as
+    Search-R1's server runs, instead of one each."""
     # A log of its own: the READY line is read from it, and a restarted server's log would hold the last one's.
     log = logs / f"baseline-{time.monotonic_ns()}.log"
-    command = [sys.executable, __file__, "--baseline-server", str(index_dir)]
+    command = [sys.executable, __file__, "--baseline-server", str(index_dir),
+               *(["--baseline-library-threads"] if library_threads else [])]
     proc = ServiceProcess("baseline", command, None, log).launch()
     try:
         yield f"http://{proc.wait_ready(180, 'baseline')['http']}/retrieve"
@@ -490,9 +494,10 @@ def main() -> None:
     parser.add_argument("--ready-rows", type=int, default=1_000_000, help="vectors of the time-to-ready file")
     parser.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help="the retriever's encoder")
     parser.add_argument("--baseline-server", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-library-threads", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline_server is not None:
-        baseline_server(args.baseline_server, 0)
+        baseline_server(args.baseline_server, 0, args.baseline_library_threads)
         return
     with tempfile.TemporaryDirectory(prefix="retriever-bench-") as tmp:
         run(args, Path(tmp))
