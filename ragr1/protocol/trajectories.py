@@ -203,11 +203,6 @@ class Searcher:
         # token budget beside the search itself.
         question = self._query(self.item.question)
         names = [q for q in queries if q != question]
-        if not self.rounds and self.mode is Mode.SINGLE and names:
-            # Single-query mode states every name the question gives before it searches the first: the later
-            # rounds follow that plan ("I still need to know about B"), so how many rounds a question takes is
-            # written where the question is read, not left to be guessed after the documents.
-            names = [self._query(name) for _, name in self._next][: self.max_rounds]
         listed = " and ".join(names)
         if not self.rounds:
             if not names:
