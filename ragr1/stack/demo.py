@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,14 +151,15 @@ def demo_config(preset: str = DEFAULT_PRESET, **settings: Any) -> DemoConfig:
     return load(DemoConfig, file=preset_files(preset), env={}, overrides=settings)
 
 
-def train_sft(args: Sequence[str], out: Path, log: Path) -> Path:
-    """``ragr1 ARGS`` (a ``train sft`` writing under ``out``) as a child process, its output in ``log``; returns the
-    policy folder of the checkpoint it wrote."""
+def train_sft(args: Sequence[str], out: Path, log: Path, env: Mapping[str, str] | None = None) -> Path:
+    """``ragr1 ARGS`` (a ``train sft`` writing under ``out``) as a child process, its output in ``log``, ``env`` added
+    to its environment (a stack's auth, for its retriever client); returns the policy folder of the checkpoint it
+    wrote."""
     # With a lifeline, as the services have: a run killed mid-SFT must not leave the training running.
     lifeline_env, lifeline_fds = lifeline.for_child()
     with open(log, "ab") as handle:
         result = subprocess.run([sys.executable, "-m", "ragr1", *args], stdout=handle, stderr=subprocess.STDOUT,
-                                env={**os.environ, **lifeline_env}, pass_fds=lifeline_fds)
+                                env={**os.environ, **(env or {}), **lifeline_env}, pass_fds=lifeline_fds)
     if result.returncode != 0:
         raise StackError(f"SFT failed (exit code {result.returncode}); its log is {log}")
     # Here, not at the top: the checkpoints are torch's, and ``ragr1 --help`` (which reads this module's

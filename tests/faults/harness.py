@@ -707,9 +707,12 @@ def build(config: StackConfig, directory: Path, split: Split, reclaim_ms: int) -
     return supervisor, Scaler(supervisor, replica), model
 
 
-def sft(config: StackConfig, directory: Path, model: Path, split: Split, epochs: int) -> Path:
+def sft(supervisor: Supervisor, config: StackConfig, model: Path, split: Split, epochs: int) -> Path:
     """``ragr1 train sft`` on the split's SFT questions in both search modes, searched through the running stack's
-    router with the stack's turns and block budget, as the demo's SFT stage; returns the checkpoint."""
+    router (with its token) with the stack's turns and block budget, as the demo's SFT stage; returns the
+    checkpoint."""
+    directory = supervisor.run_dir
+    assert supervisor.auth is not None
     out = directory / "sft"
     settings = {"model": str(model), "train_files": [str(write_jsonl(split.train, directory / "data" / "sft.jsonl"))],
                 "limit": 0, "modes": ["single", "multi"], "epochs": epochs, "tokens_per_query": config.tokens_per_query,
@@ -717,7 +720,7 @@ def sft(config: StackConfig, directory: Path, model: Path, split: Split, epochs:
                 "retriever_address": f"{wiring.HOST}:{wiring.Ports.of(config).router}"}
     log = directory / "logs" / "sft.log"
     print(f"SFT on {len(split.train)} questions; log {log}", flush=True)
-    return train_sft(["train", "sft", *flags(SFTConfig, settings)], out, log)
+    return train_sft(["train", "sft", *flags(SFTConfig, settings)], out, log, supervisor.auth.env())
 
 
 def trainer_spec(config: StackConfig, directory: Path, start: Path, prompts: Path, updates: int) -> ServiceSpec:
@@ -1058,7 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_backoff=5.0)
     with supervisor.start():
         start = (find_model(args.sft_checkpoint, "--sft-checkpoint") if args.sft_checkpoint
-                 else sft(config, directory, model, split, args.sft_epochs))
+                 else sft(supervisor, config, model, split, args.sft_epochs))
         supervisor.add(trainer_spec(config, directory, start, prompts, args.updates))
         started = time.monotonic()
         refused = refusals(supervisor)

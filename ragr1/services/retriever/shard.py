@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,9 @@ from ragr1.services.retriever.batching import Batching, MicroBatcher
 from ragr1.services.retriever.corpus import PassageStore
 from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
-from ragr1.services.retriever.scan import FlatScan, flat_vectors
+
+if TYPE_CHECKING:
+    from ragr1.services.retriever.scan import FlatScan
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,10 @@ class ShardSearcher:
         self._blas_rows = faiss_index.blas_rows(faiss, self.dim)
         self._scan: FlatScan | None = None
         if settings.blocked_scan and spec.index_type == "flat" and not self.on_gpu:
+            # Here, as faiss is: the ``ragr1`` command imports this module for its flags in every image, and the
+            # reward image has neither.
+            from ragr1.services.retriever.scan import FlatScan, flat_vectors
+
             vectors = flat_vectors(faiss, self._index)
             self._scan = self._batcher.run_sync(lambda: FlatScan(vectors, spec.metric, self.search_threads)).result()
 
