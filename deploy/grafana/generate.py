@@ -228,8 +228,10 @@ TRAINER = Dashboard(
     rows=[
         ("Reward", [
             Panel("Reward parts of the last update's batch", [("avg by (part) (ragr1_trainer_reward)", "{{part}}")]),
-            Panel("Reward parts scored by the reward service (mean over the window)",
-                  [(mean("ragr1_reward_part_score", "part"), "{{part}}")]),
+            # Its batches' means, not a histogram's sum over its count: ParallelSearch's parts go below 0, and a
+            # histogram with buckets below 0 exports no _sum (a sum that can fall is no counter).
+            Panel("Reward parts of the reward service's last scored batch (mean over the window)",
+                  [(f"avg by (part) (avg_over_time(ragr1_reward_last_batch_mean_score[{RATE}]))", "{{part}}")]),
         ]),
         ("Training health (leads the reward)", [
             Panel("Likelihood change of the rollouts each update reinforced",

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from typing import Any
 
 from prometheus_client import REGISTRY
 
 from tests.deploy.conftest import DASHBOARDS, ROOT
 
+# A metric's name in PromQL.
+METRIC = re.compile(r"\bragr1_[a-z0-9_]+")
 # Grafana's variables, as Grafana would fill them in for a query.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m"}
 

@@ -22,12 +22,11 @@ from ragr1.services.trainer.publisher import StrandedAlarm
 from tests.deploy.charts import EVERYTHING_ON, container, render
 from tests.deploy.compose import config as compose_config
 from tests.deploy.conftest import CHART, ROOT, tool
-from tests.deploy.dashboards import defined_metrics
+from tests.deploy.dashboards import METRIC, defined_metrics
 from tests.deploy.test_chart_matches_compose import chart_argv, flags, settings
 from tests.deploy.test_compose import mounts
 
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
-METRIC = re.compile(r"\bragr1_[a-z0-9_]+")
 TARGET = 'instance="trainer:51054", job="ragr1"'
 TARGET_LABELS = {"instance": "trainer:51054", "job": "ragr1"}
 # The rule that watches each alarm, by the alarm's name.

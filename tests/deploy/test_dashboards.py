@@ -4,7 +4,6 @@ panel's PromQL accepted by a real Prometheus scraping a real server built on the
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import urllib.parse
 import urllib.request
@@ -20,9 +19,8 @@ from ragr1.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.common.status_process import start_server
 from tests.common.waiting import wait_for
 from tests.deploy.conftest import DASHBOARDS, ROOT, load_dashboard_generator, tool
-from tests.deploy.dashboards import dashboards, defined_metrics, expressions, filled
+from tests.deploy.dashboards import METRIC, dashboards, defined_metrics, expressions, filled
 
-METRIC = re.compile(r"\bragr1_[a-z0-9_]+")
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 
 

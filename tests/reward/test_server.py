@@ -20,6 +20,7 @@ from ragr1.services.reward.client import AsyncRewardClient, RewardClient
 from ragr1.shipped import eval_path, read_jsonl
 from ragr1.v1 import common_pb2, reward_pb2
 from tests.common import fuzz
+from tests.deploy.dashboards import METRIC, expressions
 
 LIMITS = ("--max-items", "8", "--max-response-chars", "5000", "--max-rounds", "4")
 
@@ -172,6 +173,10 @@ def test_metrics(client: RewardClient, server: Server) -> None:
     assert 'ragr1_reward_part_score_count{part="exact_match"}' in text
     assert 'ragr1_reward_last_batch_mean_score{part="exact_match"} 0.5' in text
     assert 'ragr1_grpc_server_requests_total{code="INVALID_ARGUMENT",method="Score",service="reward"}' in text
+    # Every series of the reward service a dashboard charts is exported once it has scored (a histogram whose
+    # buckets go below 0 exports no _sum: charted, it showed nothing).
+    charted = {m for _, _, expr in expressions() for m in METRIC.findall(expr) if m.startswith("ragr1_reward_")}
+    assert charted and not {m for m in charted if f"\n{m}{{" not in text and f"\n{m} " not in text}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
