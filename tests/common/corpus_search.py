@@ -12,6 +12,7 @@ from ragr1.protocol.information import InformationFormat, Passage
 from ragr1.protocol.prompts import Mode
 from ragr1.protocol.trajectories import Searcher, SupportedQuestion, names
 from ragr1.services.trainer.data import SFTTrajectory
+from ragr1.services.trainer.sft_search import search_trajectories
 from ragr1.shipped import corpus_path, read_jsonl
 
 
@@ -40,22 +41,19 @@ def named_questions(path: Any, n: int) -> list[SupportedQuestion]:
     return items[:n]
 
 
+def search(queries: Sequence[str], groups: Sequence[int]) -> list[list[Passage]]:
+    """``sft_search.Search`` over the pages by name."""
+    return [[by_name()[q]] if q in by_name() else [] for q in queries]
+
+
 def run(item: SupportedQuestion, mode: Mode, information: InformationFormat) -> Searcher:
     s = Searcher(item, mode, information)
     while queries := s.queries():
-        s.read(queries, [[by_name()[q]] if q in by_name() else [] for q in queries])
+        s.read(queries, search(queries, [0] * len(queries)))
     return s
 
 
 def trajectories(items: Sequence[SupportedQuestion], modes: Sequence[str], tokenizer: Any,
                  tokens_per_query: int) -> list[SFTTrajectory]:
-    """The kept trajectory of every question and mode."""
-    out = []
-    for item in items:
-        for name in modes:
-            s = run(item, Mode.parse(name), InformationFormat(tokenizer, tokens_per_query))
-            pieces = s.pieces()
-            if pieces is not None:
-                out.append(SFTTrajectory(item.question, s.mode, pieces, item.source, item.question_type,
-                                         len(s.rounds), sum(len(r) for r in s.rounds)))
-    return out
+    """The kept trajectory of every question and mode, searched as SFT searches the stack's retriever."""
+    return search_trajectories(items, modes, InformationFormat(tokenizer, tokens_per_query), search).trajectories
