@@ -171,6 +171,7 @@ def train_sft(args: Sequence[str], out: Path, log: Path, env: Mapping[str, str] 
         raise StackError(f"SFT wrote no checkpoint under {out}; its log is {log}")
     return policy_dir(latest[0])
 
+
 class Demo:
     def __init__(self, config: DemoConfig) -> None:
         self.config = config
