@@ -2,7 +2,7 @@
 then every prompt is accounted for from Redis and the trainer's checkpoint, not from the code's counters.
 
     .venv/bin/python -m tests.faults.harness [--updates 16] [--seed 0] [--run-dir DIR] [--reclaim-ms MS]
-        [--sft-questions 12] [--sft-checkpoint DIR]
+        [--sft-questions 24] [--sft-checkpoint DIR]
 
 The rollout workers run with the default ``reclaim_idle_ms`` (10 minutes), as deployed, so that no fault is
 hidden by a short reclaim time: only the worker paused past it may lose its prompts to a reclaim, and the run
@@ -131,10 +131,10 @@ TOOK_OVER = re.compile(r"prompts: (\S+) took over (.+?), idle for (\d+) ms or mo
 STALL_S = 60
 # How long a shard stays down: the issue's five minutes, past the retry budget of a prompt (5 deliveries).
 SHARD_DOWN_S = 300
-# The SFT of the trainer's starting weights: enough that the model searches (the quick demo's three questions a
-# source, one pass, sometimes does not), little enough to take a minute or two.
-SFT_QUESTIONS = 12
-SFT_EPOCHS = 2
+# The SFT of the trainer's starting weights: enough that the model searches in most rollouts (twelve questions a
+# source for two passes left it searching in one of six), little enough to take a few minutes.
+SFT_QUESTIONS = 24
+SFT_EPOCHS = 5
 # Questions the policy refuses (over its max_question_chars of 4096): their prompts are dead-lettered.
 UNSERVABLE = "Which of these is the answer? " + "and which of them? " * 260
 
