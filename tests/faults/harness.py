@@ -6,7 +6,8 @@ then every prompt is accounted for from Redis and the trainer's checkpoint, not 
 
 The rollout workers run with the default ``reclaim_idle_ms`` (10 minutes), as deployed, so that no fault is
 hidden by a short reclaim time: only the worker paused past it may lose its prompts to a reclaim, and the run
-takes that much longer (about an hour on 2 idle cores, the SFT of its starting weights included). ``--reclaim-ms`` shortens it for a quick look. The
+takes that much longer (about an hour on 2 idle cores, the SFT of its starting weights included).
+``--reclaim-ms`` shortens it for a quick look. The
 faults come one after another as the trainer reaches their versions, and the worker's pause lasts the reclaim
 time whatever the trainer does meanwhile: on a machine that trains an update in half a minute the trainer can
 reach ``--updates`` before the last faults; "every fault injected" then fails, naming none of the others, and
