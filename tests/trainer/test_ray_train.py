@@ -1,9 +1,11 @@
 """The Ray Train path: 2 CPU workers (gloo) on one worker group for the whole run take the same updates as
-1 process, through the queue loop on a real Redis, FSDP-sharded and as whole copies.
-Slow (the worker group's start-up, once per run; Ray itself starts once for the module)."""
+1 process, through the queue loop on a real Redis, FSDP-sharded and as whole copies, both built in turn on the
+module's one worker group (as a group outlives the updater built on it).
+Slow (the worker group's start-up, once for the module; Ray itself starts once for the module)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import torch
 
 from ragr1.services.trainer.checkpoint import Checkpointer, version_dir
 from ragr1.services.trainer.loop import Updater, to_sample
-from ragr1.services.trainer.ray_train import RayUpdater
+from ragr1.services.trainer.ray_train import RayUpdater, WorkerGroup
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_settings
@@ -58,10 +60,28 @@ def ray_cluster() -> Iterator[None]:
         ray.shutdown()
 
 
+@dataclasses.dataclass
+class Group:
+    """The module's worker group, and the rank-0 processes that answered the updaters built on it."""
+
+    workers: WorkerGroup
+    served_by: set[int] = dataclasses.field(default_factory=set)
+
+
+@pytest.fixture(scope="module")
+def group(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    shared = Group(WorkerGroup(tiny_settings(), num_workers=2, tmp_dir=tmp_path_factory.mktemp("ray")))
+    try:
+        yield shared
+    finally:
+        shared.workers.close()
+    assert not shared.workers.thread.is_alive()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding, lora_rank", [("fsdp", 4), ("replicate", 0)])
 def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
-    sharding: str, lora_rank: int, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, ray_cluster: None
+    sharding: str, lora_rank: int, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, group: Group
 ) -> None:
     # Mini-batches of 3 rows: 2 for one worker and 1 for the other, one row per micro-batch, so the
     # FSDP workers run unequal numbers of passes (the short one pads); a critic and a KL reference too.
@@ -75,7 +95,7 @@ def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
     expected = _train(redis_client, tiny_model_dir, tmp_path / "one", single)
     trained = single.state()
     torch.manual_seed(settings.seed)
-    workers = RayUpdater(settings, tiny_model_dir, num_workers=2, tmp_dir=tmp_path)
+    workers = RayUpdater(settings, tiny_model_dir, num_workers=2, group=group.workers)
     try:
         got = _train(redis_client, tiny_model_dir, tmp_path / "ray", workers)
         _assert_same(trained, workers.state(), start)
@@ -91,11 +111,14 @@ def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
             updater.load_state(after_first)
             updater.update(second)
         _assert_same(single.state(), workers.state(), after_first)
-        # One worker group served the start state, every update and the resume: rank 0 is one process.
+        # One worker group served the start state, every update and the resume: rank 0 is one process, the one
+        # that served the other sharding too.
         assert len(workers.worker_pids) == 1
+        group.served_by |= workers.worker_pids
+        assert len(group.served_by) == 1
     finally:
         workers.close()
-    assert not workers.group.thread.is_alive()
+    assert group.workers.thread.is_alive()  # an updater built on a group leaves it to its owner
     assert [s["version"] for s in got] == [s["version"] for s in expected] == [1, 2, 3]
     for one, two in zip(expected, got, strict=True):
         assert one["actor_steps"] == two["actor_steps"] == 2

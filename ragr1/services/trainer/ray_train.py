@@ -1,10 +1,11 @@
 """PPO updates data-parallel under Ray Train (``num_workers > 1``), on one worker group for the whole run.
 
-One ``TorchTrainer`` starts with the run (``WorkerGroup``); each of its workers builds the actor and the
-critic once, FSDP-sharded across the workers (``sharding=fsdp``, verl's) or as whole copies
-(``replicate``), then serves requests until the run ends: load a state, take an update. The driver puts
-a request's payload in Ray's object store once and a reference to it on every worker's queue; rank 0
-answers on the results queue. Ray's start-up (seconds) is paid once, not per update.
+One ``TorchTrainer`` starts with the run (``WorkerGroup``) and serves requests until the run ends: build the
+actor and the critic from a run's settings, FSDP-sharded across the workers (``sharding=fsdp``, verl's) or as whole
+copies (``replicate``), load a state, take an update. The driver puts a request's payload in Ray's object store
+once and a reference to it on every worker's queue; rank 0 answers on the results queue. Ray's start-up (seconds)
+is paid once, not per update; a group outlives the updater built on it, so another updater (other settings, other
+sharding) can be built on the same workers.
 
 An update: every worker runs the no-gradient passes and the advantages on the whole batch (identical
 everywhere; this keeps batch-wide whitening and GRPO groups exact), then takes its share of each
@@ -42,7 +43,7 @@ from ragr1.services.trainer.updater import PPOUpdater, Sample
 log = logging.getLogger(__name__)
 
 # Requests a worker serves; STOP ends its loop (and the TorchTrainer's fit).
-LOAD, UPDATE, STOP = "load", "update", "stop"
+BUILD, LOAD, UPDATE, STOP = "build", "load", "update", "stop"
 
 
 def _settings_fields(settings: PPOSettings) -> dict[str, Any]:
@@ -51,19 +52,17 @@ def _settings_fields(settings: PPOSettings) -> dict[str, Any]:
 
 
 def worker_loop(config: dict[str, Any]) -> None:
-    """``train_loop_per_worker``: builds the models once, then serves requests until STOP."""
+    """``train_loop_per_worker``: serves requests until STOP; BUILD (re)builds the models from a run's settings."""
     import ray
     import ray.train
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    settings = PPOSettings(**config["settings"])
-    init_torch(settings)
     # Ray Train gives each GPU worker its own GPU (and makes it current); on CPUs this is the CPU.
     device = ray.train.torch.get_device()
-    updater = PPOUpdater.build(settings, Path(config["model_dir"]), device, shard=settings.sharding == "fsdp")
     reduce = process_group_reduce(device)
     inbox, outbox = config["inboxes"][rank], config["outbox"]
+    updater: PPOUpdater | None = None
     served = 0
     while True:
         kind, ref = inbox.get()
@@ -71,7 +70,14 @@ def worker_loop(config: dict[str, Any]) -> None:
             return
         payload = ray.get(ref)
         stats: dict[str, float] | None = None
-        if kind == LOAD:
+        if kind == BUILD:
+            settings = PPOSettings(**payload["settings"])
+            init_torch(settings)
+            updater = None  # the last run's models go before the next ones are built
+            updater = PPOUpdater.build(settings, Path(payload["model_dir"]), device, shard=settings.sharding == "fsdp")
+        elif updater is None:
+            raise RuntimeError(f"a {kind!r} request before any {BUILD!r}")
+        elif kind == LOAD:
             updater.load_state(payload)
         else:
             stats = updater.update(payload, rank, world, reduce=reduce)
@@ -104,9 +110,9 @@ def connect(settings: PPOSettings, num_workers: int) -> bool:
 
 class WorkerGroup:
     """A TorchTrainer's workers kept for the whole run; ``call`` sends every worker one request and
-    returns rank 0's answer."""
+    returns rank 0's answer. ``settings`` says where they train (``device``); what they build comes with BUILD."""
 
-    def __init__(self, settings: PPOSettings, model_dir: Path, num_workers: int, tmp_dir: Path | None = None) -> None:
+    def __init__(self, settings: PPOSettings, num_workers: int, tmp_dir: Path | None = None) -> None:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
         from ray.util.queue import Queue
@@ -120,8 +126,6 @@ class WorkerGroup:
         self.trainer = TorchTrainer(
             worker_loop,
             train_loop_config={
-                "settings": _settings_fields(settings),
-                "model_dir": str(model_dir),
                 "inboxes": self.inboxes,
                 "outbox": self.outbox,
             },
@@ -131,6 +135,7 @@ class WorkerGroup:
             ),
             run_config=RunConfig(storage_path=str(self.storage), name="ppo"),
         )
+        self.num_workers = num_workers
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._fit, name="ray-train", daemon=True)
         self.thread.start()
@@ -173,18 +178,28 @@ class WorkerGroup:
 
 
 class RayUpdater:
-    """The loop's ``Updater`` on a ``WorkerGroup``; keeps a CPU copy to write checkpoints from."""
+    """The loop's ``Updater`` on a ``WorkerGroup``; keeps a CPU copy to write checkpoints from.
 
-    def __init__(self, settings: PPOSettings, model_dir: Path, num_workers: int, tmp_dir: Path | None = None) -> None:
+    It starts a group of ``num_workers`` of its own and stops it on ``close``, or builds on ``group``, which its
+    owner keeps (and closes)."""
+
+    def __init__(
+        self, settings: PPOSettings, model_dir: Path, num_workers: int, tmp_dir: Path | None = None,
+        group: WorkerGroup | None = None,
+    ) -> None:
+        if group is not None and group.num_workers != num_workers:
+            raise ValueError(f"the worker group has {group.num_workers} workers, not the {num_workers} asked for")
         self.settings = settings
         self.model_dir = Path(model_dir)
         # The copy checkpoints are written from: on the CPU, the GPUs are the workers'.
         self.local = PPOUpdater.build(settings, self.model_dir, torch.device("cpu"))
-        self.group = WorkerGroup(settings, self.model_dir, num_workers, tmp_dir)
+        self._owns_group = group is None
+        self.group = group if group is not None else WorkerGroup(settings, num_workers, tmp_dir)
+        answer = self.group.call(BUILD, {"settings": _settings_fields(settings), "model_dir": str(self.model_dir)})
+        self.sharded = bool(answer["sharded"])
         # The workers start from this copy's state: the same adapters and value head in every process.
         answer = self.group.call(LOAD, self.local.state())
         self.worker_pids = {answer["pid"]}
-        self.sharded = bool(answer["sharded"])
         log.info("%d Ray Train workers ready, %s", num_workers, "FSDP-sharded" if self.sharded else "whole copies")
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
@@ -209,4 +224,5 @@ class RayUpdater:
         self.local.save_policy(directory)
 
     def close(self) -> None:
-        self.group.close()
+        if self._owns_group:
+            self.group.close()
