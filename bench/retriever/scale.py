@@ -95,7 +95,8 @@ GB = 1e9
 RECALL_K = 10
 # Questions per call at 1 client: the ratio of each to the 1-question call is what multi-query search costs.
 CALL_SIZES = (1, 2, 3)
-# The flat shard as it searched before the one-pass scan: a pass over the vectors per row under 4 rows a thread.
+# The flat shard as it searched before the one-pass scan: a pass over the vectors per row under 4 rows a thread; an
+# IVF shard: FAISS's search of each row's probed lists.
 BEFORE_SCAN = ("--no-blocked-scan", "--blas-rows-per-thread", "4")
 
 
