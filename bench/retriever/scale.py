@@ -633,6 +633,14 @@ def run(args: argparse.Namespace, work: Path) -> None:
             bandwidth, flops = print_scan(scans, rows, data.dim)
             extrapolate(bandwidth, flops)
             print()
+        if "ivfpq" in sources and rows == max(sizes):
+            from bench.retriever import ivf_scan
+
+            print(f"1b. the IVF scan in-process: FAISS's search against one visit of the rows' lists ({rows:,} rows, "
+                  f"IVF{args.ivf_lists}, {args.ivf_probes} probed), one thread, median of 100 calls each way")
+            ivf_scan.print_cases(ivf_scan.measure(sources["ivfpq"], [args.ivf_probes], 100))
+            drop_cache(sources["ivfpq"])
+            print()
         print(f"2. served, {rows:,} rows (router + shard processes over gRPC, one search thread per shard)")
         results += serve_all(args, data, store, sources, size_work)
         for source in sources.values():
