@@ -9,14 +9,13 @@ Search-R1-style server under load.
 
 ``bench/retriever/scale.py`` measures each layout once, one after the other, minutes apart; a 1-question call's
 latency (which the scan does not change: one row goes through FAISS's own pass either way) then moves by as much as
-a sixth between runs of the same code. Here, for each flat and IVF-PQ layout, shard processes with the one-pass scan
-(``--blocked-scan``: a flat shard's one pass over its vectors, an IVF shard's one visit of the union of its rows'
-probed lists), shard processes without it (``scale.BEFORE_SCAN``: FAISS's search) and, for flat layouts with
-``--search-r1`` (the default), the Search-R1-style server are started in turn, ``--repeats`` times each, A B C A B C;
-for every other index type, its shards ``--repeats`` times. Each start first checks the answers of
-``--checked-calls`` calls of 3 questions ("first hit": the share of queries whose first hit is the unsharded index's,
-the planted row in a flat index), then measures the median of ``--rounds`` calls of each size at 1 client,
-interleaved, and for the router its time per call in each stage.
+a sixth between runs of the same code. Here, for each flat layout, shard processes with the scan
+(``--blocked-scan``), shard processes without it (``scale.BEFORE_SCAN``) and, with ``--search-r1`` (the default),
+the Search-R1-style server are started in turn, ``--repeats`` times each, A B C A B C; for every other index type,
+its shards ``--repeats`` times. Each start first checks the answers of ``--checked-calls`` calls of 3 questions
+("first hit": the share of queries whose first hit is the unsharded index's, the planted row in a flat index),
+then measures the median of ``--rounds`` calls of each size at 1 client, interleaved, and for the router its time
+per call in each stage.
 
 The Search-R1-style server is ``throughput.baseline_server``, serving an index as Search-R1's
 ``search_r1/search/retrieval_server.py`` does: POST /retrieve, the index's model on float32 torch, the FAISS file
@@ -193,8 +192,7 @@ def main() -> None:
     for kind, source in sources.items():
         expected = scale.expected_first(data, kind, source)
         flat = kind == "flat"
-        scanned = flat or kind.startswith("ivf")
-        variants = [(ONE_PASS, SHARD_FLAGS), (BEFORE, (*SHARD_FLAGS, *scale.BEFORE_SCAN))] if scanned else [
+        variants = [(ONE_PASS, SHARD_FLAGS), (BEFORE, (*SHARD_FLAGS, *scale.BEFORE_SCAN))] if flat else [
             (ONE_PASS, SHARD_FLAGS)]
         starts: dict[str, list[Start]] = {}
         with ExitStack() as stack:

@@ -95,8 +95,7 @@ GB = 1e9
 RECALL_K = 10
 # Questions per call at 1 client: the ratio of each to the 1-question call is what multi-query search costs.
 CALL_SIZES = (1, 2, 3)
-# The flat shard as it searched before the one-pass scan: a pass over the vectors per row under 4 rows a thread; an
-# IVF shard: FAISS's search of each row's probed lists.
+# The flat shard as it searched before the one-pass scan: a pass over the vectors per row under 4 rows a thread.
 BEFORE_SCAN = ("--no-blocked-scan", "--blas-rows-per-thread", "4")
 
 
@@ -632,14 +631,6 @@ def run(args: argparse.Namespace, work: Path) -> None:
             drop_cache(sources["flat"])
             bandwidth, flops = print_scan(scans, rows, data.dim)
             extrapolate(bandwidth, flops)
-            print()
-        if "ivfpq" in sources and rows == max(sizes):
-            from bench.retriever import ivf_scan
-
-            print(f"1b. the IVF scan in-process: FAISS's search against one visit of the rows' lists ({rows:,} rows, "
-                  f"IVF{args.ivf_lists}, {args.ivf_probes} probed), one thread, median of 100 calls each way")
-            ivf_scan.print_cases(ivf_scan.measure(sources["ivfpq"], [args.ivf_probes], 100))
-            drop_cache(sources["ivfpq"])
             print()
         print(f"2. served, {rows:,} rows (router + shard processes over gRPC, one search thread per shard)")
         results += serve_all(args, data, store, sources, size_work)

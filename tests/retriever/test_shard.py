@@ -1,7 +1,6 @@
 """``ShardSearcher``: it refuses files that do not match the manifest, a memory-mapped shard answers as one read
 whole, and its FAISS settings reach the thread that searches (its thread count, and the batch size from which a
-flat search is one matrix product (BLAS) instead of one pass over the vectors for all its rows; an IVF shard's few
-rows visit the union of their probed lists once). Served as a process:
+flat search is one matrix product (BLAS) instead of one pass over the vectors for all its rows). Served as a process:
 test_shard_checksum.py (the background checksum) and test_services.py."""
 
 from __future__ import annotations
@@ -158,46 +157,3 @@ def test_a_memory_mapped_shard_answers_as_one_read_whole(index_dirs: dict[int, P
             await searcher.aclose()
 
     assert asyncio.run(search(True)) == asyncio.run(search(False))
-
-
-@pytest.mark.parametrize("blocked_scan", [True, False])
-def test_an_ivf_shard_scores_a_few_rows_in_one_visit_of_their_lists_or_by_faiss(
-    ivf_dirs: dict[str, Path], encoder: Encoder, questions: list[str], store: PassageStore,
-    processes: list[ServiceProcess], tmp_path: Path, blocked_scan: bool,
-) -> None:
-    import faiss
-
-    from ragr1.services.retriever.ivf_scan import IvfScan
-
-    index_dir = ivf_dirs["ivfpq"]
-    scan_flag = "--blocked-scan" if blocked_scan else "--no-blocked-scan"
-    flags = ("--search-threads", "1", "--blas-rows-per-thread", str(BLAS_ROWS), scan_flag)
-    (target,) = start_shards(index_dir, 1, tmp_path, processes, *flags)
-    manifest = LoadedManifest(index_dir)
-    index = faiss_index.prepare_for_search(
-        faiss, faiss_index.read(faiss, str(manifest.shard_path(0)), "ivfpq", True), manifest.manifest.index, False)
-    scan = IvfScan(faiss, index)
-    batch = encoder.encode_queries(questions[:BLAS_ROWS])
-    fewer = batch[: BLAS_ROWS - 1]
-    by_path = {"faiss": index.search(fewer, TOP_K), "scan": scan.search(fewer, TOP_K)}
-    scan.close()
-    # The two paths sum a score's terms in different orders: some score differs in its last bits.
-    assert not np.array_equal(by_path["faiss"][0], by_path["scan"][0]), "FAISS and the scan gave the same bits"
-
-    async def served(rows: np.ndarray) -> list[list[tuple[str, np.float32]]]:
-        client = AsyncShardClient(target)
-        try:
-            hits = await client.search(rows, TOP_K, omit_text=True, timeout=30)
-        finally:
-            await client.close()
-        return [[(h.id, np.float32(h.score)) for h in row] for row in hits]
-
-    def expected(scores: np.ndarray, rows: np.ndarray) -> list[list[tuple[str, np.float32]]]:
-        pairs = zip(scores, rows, strict=True)
-        return [[(store[int(r)].id, np.float32(s)) for s, r in zip(ss, rr, strict=True) if r >= 0] for ss, rr in pairs]
-
-    # From 2 rows below the threshold: one visit of their lists' union (or, with the scan off, FAISS's search). One
-    # row, and from the threshold up: FAISS's search.
-    assert asyncio.run(served(fewer)) == expected(*by_path["scan" if blocked_scan else "faiss"])
-    assert asyncio.run(served(batch[:1])) == expected(*index.search(batch[:1], TOP_K))
-    assert asyncio.run(served(batch)) == expected(*index.search(batch, TOP_K))

@@ -23,7 +23,6 @@ from ragr1.services.retriever.manifest import LoadedManifest
 from ragr1.services.retriever.results import Hit
 
 if TYPE_CHECKING:
-    from ragr1.services.retriever.ivf_scan import IvfScan
     from ragr1.services.retriever.scan import FlatScan
 
 log = logging.getLogger(__name__)
@@ -65,10 +64,8 @@ class ShardSettings(Validated):
     )
     blocked_scan: bool = setting(
         True,
-        "flat and IVF indexes on the CPU: a micro-batch of 2 or more query rows below the matrix-product threshold "
-        "is scored in one pass over the vectors (flat) or over the union of its rows' probed lists (IVF inner "
-        "product), each vector or list read once for all its rows; off: FAISS's search, a pass or the probed lists "
-        "per row",
+        "flat indexes on the CPU: a micro-batch of 2 or more query rows below the matrix-product threshold is "
+        "scored in one pass over the vectors for all its rows; off: FAISS's pass over the vectors per row",
     )
 
     def validate(self) -> None:
@@ -127,12 +124,9 @@ class ShardSearcher:
         self.search_threads = self._batcher.run_sync(lambda: self._set_threads(faiss)).result()
         log.info("shard %d: %d search thread(s)", self.shard, self.search_threads)
         # From this many rows FAISS scores a batch with one matrix product (set_blas_rows); fewer, from 2 rows, in
-        # one pass over the vectors (blocked_scan), which FAISS itself would make once per row. An IVF index's batch
-        # of as few rows visits the union of their probed lists once (blocked_scan), which FAISS would visit a row at
-        # a time; from this many, FAISS's search, whose rows spread over the search threads, and whose table per row
-        # stays in the core's cache where a scan of many rows' tables would not.
+        # one pass over the vectors (blocked_scan), which FAISS itself would make once per row.
         self._blas_rows = faiss_index.blas_rows(faiss, self.dim)
-        self._scan: FlatScan | IvfScan | None = None
+        self._scan: FlatScan | None = None
         if settings.blocked_scan and spec.index_type == "flat" and not self.on_gpu:
             # Here, as faiss is: the ``ragr1`` command imports this module for its flags in every image, and the
             # reward image has neither.
@@ -140,14 +134,6 @@ class ShardSearcher:
 
             vectors = flat_vectors(faiss, self._index)
             self._scan = self._batcher.run_sync(lambda: FlatScan(vectors, spec.metric, self.search_threads)).result()
-        elif settings.blocked_scan and spec.index_type.startswith("ivf") and not self.on_gpu:
-            from ragr1.services.retriever.ivf_scan import IvfScan, uncovered
-
-            why = uncovered(faiss, self._index)
-            if why is None:
-                self._scan = self._batcher.run_sync(lambda: IvfScan(faiss, self._index, self.search_threads)).result()
-            else:
-                log.info("shard %d: FAISS's own IVF search for every batch: %s", shard, why)
 
     def _set_threads(self, faiss: Any) -> int:
         """FAISS's threads for this shard's searches (0: every core) and the batch size from which they are one
