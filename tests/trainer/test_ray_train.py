@@ -79,6 +79,8 @@ def group(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.mark.slow
+# An updater that started a group of its own beside the module's would wait for CPUs the cluster does not have.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("sharding, lora_rank", [("fsdp", 4), ("replicate", 0)])
 def test_two_ray_workers_on_one_group_take_the_same_updates_as_one_process(
     sharding: str, lora_rank: int, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path, group: Group
