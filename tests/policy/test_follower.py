@@ -119,6 +119,12 @@ def reported(client: redis.Redis) -> dict[str, tuple[int, str, int]]:
     return {r.name: (r.version, r.state, r.target) for r in fleet.replicas(client)}
 
 
+def reported_as(client: redis.Redis, name: str) -> tuple[int, str, int] | None:
+    """``name``'s report, or None while it has none: between two heartbeats of a busy host a report can lapse
+    (its time to live) and a waiting condition must read that as "not yet", not fail on it."""
+    return reported(client).get(name)
+
+
 def announce(client: redis.Redis, version: int, path: Path, sha256: str | None = None,
              files: dict[str, int] | None = None) -> None:
     """Announces ``path`` as the trainer does: its digest and its files (those of ``path`` unless given)."""
@@ -246,7 +252,8 @@ def test_a_digest_mismatch_is_refused_by_that_replica_alone_and_tried_again(redi
         await until(lambda: damaged.version == 1, "the refused version was never tried again")
         await until(damaged.follower.accepting.is_set, "policy-1 never took prompts")
         assert damaged.health == [False, True] and damaged.engine.loaded == [v1]
-        await until(lambda: reported(redis_client)["policy-1"] == (1, fleet.SERVING, 0), "policy-1 never reported v1")
+        await until(lambda: reported_as(redis_client, "policy-1") == (1, fleet.SERVING, 0),
+                    "policy-1 never reported v1")
         await good.close()
         await damaged.close()
 
@@ -408,7 +415,8 @@ def test_an_update_weights_call_that_fails_in_the_engine_turns_the_replica_refus
         await until(lambda: replica.follower.state == fleet.REFUSED, "the failed call was never reflected")
         assert not replica.follower.accepting.is_set() and replica.health == [True, False]
         assert "failed in the engine" in replica.follower.reason
-        await until(lambda: reported(redis_client)["policy-0"][1] == fleet.REFUSED, "never reported refused")
+        await until(lambda: (reported_as(redis_client, "policy-0") or (0, "", 0))[1] == fleet.REFUSED,
+                    "never reported refused")
         await until(lambda: replica.follower.state == fleet.SERVING and replica.follower.accepting.is_set(),
                     "the announced version was never loaded again")
         assert replica.engine.loaded == [v1, v1] and replica.version == 1 and replica.health == [True, False, True]
