@@ -135,10 +135,13 @@ class WorkerGroup:
             ),
             run_config=RunConfig(storage_path=str(self.storage), name="ppo"),
         )
-        self.num_workers = num_workers
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._fit, name="ray-train", daemon=True)
         self.thread.start()
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.inboxes)
 
     def _fit(self) -> None:
         try:
