@@ -22,7 +22,8 @@ TRAINER = {
 }
 # vLLM's CPU attention takes head sizes from 32 up. Weights drawn wider than SmolLM2's (initializer_range 0.02)
 # make a random model's next-token distributions peaked, as a trained model's are, so that other weights move its
-# log-probs by whole nats (the weight-sync alarm's test reads that) and its greedy tokens (the update tests).
+# log-probs well past the weight-sync alarm's threshold (its test reads that) and change its greedy tokens (the
+# update tests).
 # ``make_tiny_model(..., ends=True)`` gives it an end of sequence it samples now and then.
 ENGINE = {
     "hidden_size": 64,
@@ -36,7 +37,8 @@ ENGINE = {
 
 
 # How far the end-of-sequence token's (tied) embedding reaches along the model's mean hidden state, in units of the
-# embeddings' mean norm: from about 1 a sampled answer ends on its own within a few dozen tokens, from 2 at once.
+# embeddings' mean norm: far enough that most sampled answers end on their own within a turn's few dozen tokens,
+# not so far that they end at their first token (then no turn would have a body to check).
 EOS_REACH = 1.3
 
 
