@@ -16,7 +16,15 @@ import torch
 
 from ragr1.services.trainer.checkpoint import Checkpointer, version_dir
 from ragr1.services.trainer.loop import Updater, to_sample
-from ragr1.services.trainer.ray_train import RayUpdater, WorkerGroup
+from ragr1.services.trainer.ray_train import (
+    BUILD,
+    LOAD,
+    UPDATE,
+    RayUpdater,
+    WorkerGroup,
+    WorkerRequests,
+    _settings_fields,
+)
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
 from tests.trainer.rollouts import make_loop, make_rollout, produce, tiny_settings
@@ -76,6 +84,36 @@ def group(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         shared.workers.close()
     assert not shared.workers.thread.is_alive()
+
+
+def _no_reduce(tensor: torch.Tensor, op: str) -> None:
+    raise AssertionError("one whole copy reduces nothing")
+
+
+def test_a_worker_refuses_requests_before_its_models_are_built_then_serves_them(tiny_model_dir: Path) -> None:
+    # What a worker does with each request, without Ray: a LOAD or UPDATE that came before any BUILD (a driver
+    # that lost its updater's BUILD) is refused by name, not served on models that do not exist.
+    requests = WorkerRequests(torch.device("cpu"), rank=0, world=1, reduce=_no_reduce)
+    for kind in (LOAD, UPDATE):
+        with pytest.raises(RuntimeError, match=f"a '{kind}' request before any 'build'"):
+            requests.serve(kind, {})
+    with pytest.raises(ValueError, match="unknown request 'stop-now'"):
+        requests.serve("stop-now", {})
+    assert requests.served == 0
+    settings = tiny_settings(sharding="replicate", seed=5)
+    built = requests.serve(BUILD, {"settings": _settings_fields(settings), "model_dir": str(tiny_model_dir)})
+    assert built["kind"] == BUILD and built["served"] == 1 and built["sharded"] is False
+    # Another run's state, its weights moved off the model's: the worker's models must hold it after LOAD.
+    other = PPOUpdater.build(settings, tiny_model_dir).state()
+    other["updates"] = 7
+    other["actor"] = {key: tensor + 0.5 for key, tensor in other["actor"].items()}
+    loaded = requests.serve(LOAD, other)
+    assert loaded["kind"] == LOAD and loaded["served"] == 2
+    assert requests.updater is not None
+    held = requests.updater.state()
+    assert held["updates"] == 7
+    for key, tensor in other["actor"].items():
+        assert torch.equal(held["actor"][key], tensor), key
 
 
 @pytest.mark.slow

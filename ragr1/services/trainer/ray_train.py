@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ragr1.services.trainer.config import PPOSettings
-from ragr1.services.trainer.fsdp import process_group_reduce
+from ragr1.services.trainer.fsdp import Reduce, process_group_reduce
 from ragr1.services.trainer.model import init_torch
 from ragr1.services.trainer.updater import PPOUpdater, Sample
 
@@ -51,44 +51,57 @@ def _settings_fields(settings: PPOSettings) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(settings).items() if k in names}
 
 
-def worker_loop(config: dict[str, Any]) -> None:
-    """``train_loop_per_worker``: serves requests until STOP; BUILD (re)builds the models from a run's settings."""
-    import ray
-    import ray.train
+class WorkerRequests:
+    """What one worker does with each request, apart from Ray (which only carries them): BUILD (re)builds the
+    models from a run's settings; LOAD and UPDATE need a BUILD before them. ``serve`` returns the answer rank 0
+    sends."""
 
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    # Ray Train gives each GPU worker its own GPU (and makes it current); on CPUs this is the CPU.
-    device = ray.train.torch.get_device()
-    reduce = process_group_reduce(device)
-    inbox, outbox = config["inboxes"][rank], config["outbox"]
-    updater: PPOUpdater | None = None
-    served = 0
-    while True:
-        kind, ref = inbox.get()
-        if kind == STOP:
-            return
-        payload = ray.get(ref)
+    def __init__(self, device: torch.device, rank: int, world: int, reduce: Reduce) -> None:
+        self.device, self.rank, self.world, self.reduce = device, rank, world, reduce
+        self.updater: PPOUpdater | None = None
+        self.served = 0
+
+    def serve(self, kind: str, payload: Any) -> dict[str, Any]:
         stats: dict[str, float] | None = None
         if kind == BUILD:
             settings = PPOSettings(**payload["settings"])
             init_torch(settings)
-            updater = None  # the last run's models go before the next ones are built
-            updater = PPOUpdater.build(settings, Path(payload["model_dir"]), device, shard=settings.sharding == "fsdp")
-        elif updater is None:
+            self.updater = None  # the last run's models go before the next ones are built
+            self.updater = PPOUpdater.build(settings, Path(payload["model_dir"]), self.device,
+                                            shard=settings.sharding == "fsdp")
+        elif kind not in (LOAD, UPDATE):
+            raise ValueError(f"unknown request {kind!r}; a worker serves {BUILD!r}, {LOAD!r} and {UPDATE!r}")
+        elif self.updater is None:
             raise RuntimeError(f"a {kind!r} request before any {BUILD!r}")
         elif kind == LOAD:
-            updater.load_state(payload)
+            self.updater.load_state(payload)
         else:
-            stats = updater.update(payload, rank, world, reduce=reduce)
-        served += 1
+            stats = self.updater.update(payload, self.rank, self.world, reduce=self.reduce)
+        self.served += 1
         # Gathering a sharded state is a collective: every worker takes part, rank 0 sends it.
-        state = updater.state() if kind == UPDATE else None
+        state = self.updater.state() if kind == UPDATE else None
+        return {"kind": kind, "stats": stats, "state": state, "pid": os.getpid(), "served": self.served,
+                "sharded": self.updater.sharded}
+
+
+def worker_loop(config: dict[str, Any]) -> None:
+    """``train_loop_per_worker``: serves requests until STOP."""
+    import ray
+    import ray.train
+
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    # Ray Train gives each GPU worker its own GPU (and makes it current); on CPUs this is the CPU.
+    device = ray.train.torch.get_device()
+    requests = WorkerRequests(device, rank, context.get_world_size(), process_group_reduce(device))
+    inbox, outbox = config["inboxes"][rank], config["outbox"]
+    while True:
+        kind, ref = inbox.get()
+        if kind == STOP:
+            return
+        answer = requests.serve(kind, ray.get(ref))
         if rank == 0:
-            outbox.put({
-                "kind": kind, "stats": stats, "state": state, "pid": os.getpid(), "served": served,
-                "sharded": updater.sharded,
-            })
+            outbox.put(answer)
 
 
 def connect(settings: PPOSettings, num_workers: int) -> bool:
