@@ -103,7 +103,7 @@ def test_the_kernel_records_a_childs_parent_and_cpu(tmp_path: Path) -> None:
         pytest.skip(str(error.strerror))
     try:
         child = subprocess.run(
-            [sys.executable, "-c", "import os, time\nend = time.process_time() + 0.3\n"
+            [sys.executable, "-c", "import os, time\nend = time.process_time() + 0.5\n"
              "while time.process_time() < end: pass\nprint(os.getpid())"],
             capture_output=True, text=True, check=True,
         )
@@ -118,4 +118,6 @@ def test_the_kernel_records_a_childs_parent_and_cpu(tmp_path: Path) -> None:
                                f"(kernel.acct: {Path('/proc/sys/kernel/acct').read_text().strip()})")
     (record,) = records
     assert record.ppid == os.getpid() and record.command.startswith("python")
+    # The record's CPU time counts the clock ticks that found the child running, which on a busy machine fall well
+    # short of the time it measured itself: half of that is the floor.
     assert 0.25 <= record.cpu <= 3.0

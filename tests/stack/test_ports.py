@@ -15,7 +15,9 @@ from ragr1.services.common.redis_server import free_port
 def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> None:
     base = free_port() // 100 * 100
     with socket.socket() as held:
-        held.bind(("127.0.0.1", base + 5))  # the trainer's port in a --base-port layout
+        # Redis's port in a --base-port layout, the first the demo checks: whatever else on the machine holds another
+        # port of the block, this is the one the error names.
+        held.bind(("127.0.0.1", base))
         held.listen()
         result = subprocess.run(
             [sys.executable, "-m", "ragr1", "demo", "--preset", "quick", "--base-port", str(base), "--run-dir",
@@ -23,7 +25,7 @@ def test_a_port_in_use_stops_the_demo_before_anything_starts(tmp_path: Path) -> 
             capture_output=True, text=True, timeout=300,
         )
     assert result.returncode == 1
-    assert f"port {base + 5} (trainer) is already in use" in result.stderr
+    assert f"port {base} (redis) is already in use" in result.stderr
     assert "--base-port" in result.stderr
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
 
