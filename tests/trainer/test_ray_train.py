@@ -23,7 +23,7 @@ from ragr1.services.trainer.ray_train import (
     RayUpdater,
     WorkerGroup,
     WorkerRequests,
-    _settings_fields,
+    build_request,
 )
 from ragr1.services.trainer.updater import PPOUpdater
 from ragr1.v1 import common_pb2
@@ -101,7 +101,7 @@ def test_a_worker_refuses_requests_before_its_models_are_built_then_serves_them(
         requests.serve("stop-now", {})
     assert requests.served == 0
     settings = tiny_settings(sharding="replicate", seed=5)
-    built = requests.serve(BUILD, {"settings": _settings_fields(settings), "model_dir": str(tiny_model_dir)})
+    built = requests.serve(BUILD, build_request(settings, tiny_model_dir))
     assert built["kind"] == BUILD and built["served"] == 1 and built["sharded"] is False
     # Another run's state, its weights moved off the model's: the worker's models must hold it after LOAD.
     other = PPOUpdater.build(settings, tiny_model_dir).state()

@@ -46,9 +46,12 @@ log = logging.getLogger(__name__)
 BUILD, LOAD, UPDATE, STOP = "build", "load", "update", "stop"
 
 
-def _settings_fields(settings: PPOSettings) -> dict[str, Any]:
+def build_request(settings: PPOSettings, model_dir: Path) -> dict[str, Any]:
+    """A BUILD request's payload: the run's settings as plain fields (what ``WorkerRequests`` rebuilds them from)
+    and the model every worker starts from."""
     names = {f.name for f in dataclasses.fields(PPOSettings)}
-    return {k: v for k, v in dataclasses.asdict(settings).items() if k in names}
+    fields = {k: v for k, v in dataclasses.asdict(settings).items() if k in names}
+    return {"settings": fields, "model_dir": str(model_dir)}
 
 
 class WorkerRequests:
@@ -211,7 +214,7 @@ class RayUpdater:
         self.local = PPOUpdater.build(settings, self.model_dir, torch.device("cpu"))
         self._owns_group = group is None
         self.group = group if group is not None else WorkerGroup(settings, num_workers, tmp_dir)
-        answer = self.group.call(BUILD, {"settings": _settings_fields(settings), "model_dir": str(self.model_dir)})
+        answer = self.group.call(BUILD, build_request(settings, self.model_dir))
         self.sharded = bool(answer["sharded"])
         # The workers start from this copy's state: the same adapters and value head in every process.
         answer = self.group.call(LOAD, self.local.state())
