@@ -89,6 +89,22 @@ class InformationFormat:
             return [self.cut(documents([p for passages in results for p in passages]))]
         return [self.cut(documents(passages)) for passages in results]
 
+    def shown_passages(self, results: Sequence[Sequence[Passage]], multi_query: bool) -> list[tuple[Passage, str]]:
+        """Each passage whose title line the cut left in, with the part of its text the block shows."""
+        groups = [list(r) for r in results] if multi_query else [[p for r in results for p in r]]
+        out: list[tuple[Passage, str]] = []
+        for passages, text in zip(groups, self.shown(results, multi_query), strict=True):
+            at = 0
+            for i, passage in enumerate(passages, start=1):
+                head = f'Doc {i}: "{passage.title}"\n'
+                start = text.find(head, at)
+                if start < 0:
+                    break  # the cut ends before this document's text: neither it nor any after it is shown
+                at = start + len(head)
+                following = text.find(f"\nDoc {i + 1}: ", at)
+                out.append((passage, text[at : following if following >= 0 else len(text)]))
+        return out
+
     def body(self, queries: Sequence[str], results: Sequence[Sequence[Passage]], multi_query: bool) -> str:
         if len(queries) != len(results):
             raise ValueError(f"{len(queries)} queries but {len(results)} result lists")

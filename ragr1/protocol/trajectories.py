@@ -11,11 +11,14 @@ the subject of a PopQA question) or that a passage already shown states (a bridg
 question itself. Multi-query mode searches every such name of a round in one call, and in its first round,
 where the question leaves a page unnamed and a query's room is left, the question itself beside them (the
 broad query that may find that page at once); single-query mode searches one name a round. A round follows
-only for what the last one revealed, and none once an answer is in sight and every name the question states
-has been searched. What comes back is whatever the retriever returns (the caller searches: this package
-imports no client), and a trajectory is kept only where the
-documents its blocks showed (cut to the per-query budget, as the model sees them) contain an answer alias, as
-trajectories of a real search would be filtered.
+only for what the last one revealed, and none once an answer is in sight on a supporting page and every name
+the question states has been searched. An alias that only some other passage states does not end the search:
+a bridge question's first round often shows one beside passages that do not answer, and a trajectory that
+stopped there would teach answering from a passage the model cannot tell from the others, where reading the
+bridge entity's page is what the question needs. What comes back is whatever the retriever returns (the
+caller searches: this package imports no client), and a trajectory is kept only where the documents its blocks
+showed (cut to the per-query budget, as the model sees them) contain an answer alias, as trajectories of a real
+search would be filtered.
 
 In multi-query mode RL's parser (``grammar.parse_action``, RAG-R1's split) cuts a search at every
 separator, so a name that holds one ("Paris, Texas") is searched with the separator replaced by a space;
@@ -127,9 +130,11 @@ class Searcher:
         self.max_queries = max_queries if mode is Mode.MULTI else 1
         self.separator = separator
         self.max_query_chars = max_query_chars
-        # Titles of the passages shown, and the documents' text as the blocks showed it (cut to the budget).
+        # Titles of the passages shown, the documents' text as the blocks showed it (cut to the budget), and
+        # the shown part of each supporting page's passage.
         self.shown: set[str] = set()
         self.texts: list[str] = []
+        self.supporting: list[str] = []
         self.searched: set[str] = set()  # gold titles searched
         self.rounds: list[list[str]] = []
         self._pieces: list[Piece] = []
@@ -148,8 +153,8 @@ class Searcher:
             if name is not None and not self._found(title):
                 from_question.append((_words(self.item.question).find(_words(name)), title, name))
         revealed: list[tuple[str, str]] = []
-        if contained_alias(self.item.answers, self.texts) is not None:
-            # An answer is in sight: only what the question itself names is still worth a round.
+        if contained_alias(self.item.answers, self.supporting) is not None:
+            # An answer is in sight on a page that answers: only what the question names is still worth a round.
             return [(t, n) for _, t, n in sorted(from_question)]
         for title in self.item.gold:
             if self._found(title) or any(t == title for _, t, _ in from_question):
@@ -191,10 +196,11 @@ class Searcher:
         self._pieces.append((self.information.block(queries, results, multi), False))
         planned = dict((self._query(name), title) for title, name in self._next)
         self.searched |= {planned[q] for q in queries if q in planned}
-        texts = self.information.shown(results, multi)
         # A passage the cut left out was not shown.
-        self.shown |= {p.title for passages in results for p in passages if any(f'"{p.title}"\n' in t for t in texts)}
-        self.texts += texts
+        shown = self.information.shown_passages(results, multi)
+        self.shown |= {p.title for p, _ in shown}
+        self.supporting += [text for p, text in shown if p.title in self.item.gold]
+        self.texts += self.information.shown(results, multi)
         self.rounds.append(list(queries))
         self._next = self._plan()
 

@@ -48,6 +48,20 @@ def test_each_of_three_queries_gets_its_own_budget(tokenizer: Any) -> None:
     assert all(d.startswith('Doc 1: "Page 0"') for d in body["documents"])
 
 
+def test_each_shown_passage_comes_with_the_part_of_its_text_the_cut_left(tokenizer: Any) -> None:
+    """What the SFT trajectories judge "shown" by: a passage cut mid-text is shown up to the cut, one whose title
+    line the cut removed is not shown at all; single-query mode numbers one list across its queries."""
+    long = Passage("5", "Long page", "word " * 200)
+    budget = len(tokenizer.encode(documents([HAMLET]) + '\nDoc 2: "Long page"\nword word', add_special_tokens=False))
+    fmt = InformationFormat(tokenizer, budget)
+    shown = fmt.shown_passages([[HAMLET, long, AVON], [STRATFORD]], multi_query=True)
+    assert [(p.title, text) for p, text in shown] == [
+        ("Hamlet", "A tragedy by William Shakespeare."), ("Long page", "word word"),
+        ("Stratford-upon-Avon", "A market town in Warwickshire.")]
+    whole = InformationFormat(tokenizer, 0).shown_passages([[HAMLET], [STRATFORD, AVON]], multi_query=False)
+    assert [(p.title, text) for p, text in whole] == [(p.title, p.text) for p in (HAMLET, STRATFORD, AVON)]
+
+
 def test_short_documents_are_not_cut_and_non_ascii_stays_readable(tokenizer: Any) -> None:
     accented = Passage("4", "Gabriel García Márquez", "Colombian novelist.")
     block = InformationFormat(tokenizer, 480).block(["author"], [[accented]], multi_query=True)

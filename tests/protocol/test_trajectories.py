@@ -79,6 +79,22 @@ def test_a_bridge_entity_is_searched_only_after_a_passage_named_it(tokenizer: An
         assert pieces is not None and "The documents mention FC Cartagena." in pieces[2][0]
 
 
+def test_an_answer_on_a_page_that_does_not_answer_does_not_end_the_search(tokenizer: Any) -> None:
+    """Hugo's search shows a politician's page that names Murcia, the answer, beside Hugo's own: the trajectory
+    still reads FC Cartagena's page, the one that answers, rather than answer from a passage it cannot tell apart."""
+    item = question("hotpotqa", BRIDGE)
+    page = corpus_search.pages()
+    other = page["Ramón Luis Valcárcel"]
+    assert other.title not in item.gold and contained_alias(item.answers, [other.text]) == "Murcia"
+    s = Searcher(item, Mode.SINGLE, InformationFormat(tokenizer, 0))
+    s.read(s.queries(), [[page["Hugo Rodríguez Romero"], other]])
+    assert s.queries() == ["FC Cartagena"]
+    s.read(["FC Cartagena"], [[page["FC Cartagena"]]])
+    assert s.queries() == [] and s.rounds == [["Hugo Rodríguez Romero"], ["FC Cartagena"]]
+    pieces = s.pieces()
+    assert pieces is not None and pieces[-1][0].endswith("<answer> Murcia </answer>")
+
+
 def test_what_the_cut_leaves_out_is_not_shown_neither_names_nor_answers(tokenizer: Any) -> None:
     """Hugo's page names his club after its first words: with a block of a few tokens the club is never seen,
     so never searched, and with no answer in sight the trajectory is not kept."""
