@@ -322,6 +322,27 @@ def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_sto
     assert f"b took over 1 entries from a, idle for {threshold_ms} ms or more" in caplog.text
     assert a.renew([work.entry_id]) == 0
     assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", "-", "+", 10)] == [b"b"]
+def test_a_renewal_keeps_the_lease_on_every_entry_it_names(redis_client: redis.Redis) -> None:
+    """A worker holds a running prompt and one waiting for room: one renewal keeps both, so the other consumer
+    reclaims neither past the threshold (a renewal that kept only the first let the waiting prompt run twice)."""
+    threshold_ms = 300
+    a = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="a")
+    a.ensure_group()
+    a.produce([common_pb2.PromptTask(id=f"held{i}", question="q") for i in range(3)])
+    held = [d.entry_id for d in a.consume(3)]
+    b = StreamQueue(redis_client, PROMPTS, common_pb2.PromptTask, group="workers", consumer="b")
+    stolen: list[Any] = []
+
+    def kept() -> bool:
+        assert a.renew(held) == 3
+        stolen.extend(b.reclaim(threshold_ms, 10))
+        return not stolen
+
+    holds_for(kept, "a renewal keeps every entry it names", 3 * threshold_ms / 1000, threshold_ms / 3000)
+    rows = redis_client.xpending_range(PROMPTS, "workers", "-", "+", 10)
+    assert [(r["consumer"], r["times_delivered"]) for r in rows] == [(b"a", 1)] * 3
+
+
 def test_a_reclaim_that_finds_nothing_idle_is_one_round_trip_however_much_is_in_progress(
     redis_client: redis.Redis,
 ) -> None:

@@ -128,6 +128,9 @@ COLLECT_S = 30
 RETRIED = re.compile(r"prompts (.+?) handed back after their failed delivery (\d+) \((\w+): ")
 # A consumer's log line when it took over entries whose owner stopped renewing its lease (common/streams.py).
 TOOK_OVER = re.compile(r"prompts: (\S+) took over (.+?), idle for (\d+) ms or more")
+# How long past the reclaim time a stopped worker's prompts may wait for the other replica to have room (a
+# rollout and an update on two busy cores), and a failed Score call's prompts to be trained again.
+TAKE_OVER_S = 120
 # The replicas' stall limit (WorkerSettings.stall_seconds): far above a step of the 135M model here.
 STALL_S = 60
 # How long a shard stays down: the issue's five minutes, past the retry budget of a prompt (5 deliveries).
@@ -236,8 +239,9 @@ class Chaos:
         handed its prompts back (or REWARD_PAUSE_S passed), then SIGKILLed and restarted by the supervisor (a call
         in flight then fails too). Every scoring failure the workers log from the pause until COLLECT_S after the
         kill is recorded with where its prompts were when it was logged; done once each of those prompts is
-        trained again (acknowledged by a worker), or after the reclaim time: what a prompt left pending would have
-        waited before another worker took it."""
+        trained again (acknowledged by a worker), or TAKE_OVER_S past the reclaim time. That they went back at once,
+        not after the reclaim time, is where each was when its failure was logged (``went_back``); how soon they
+        are trained again is a restart, a rollout and an update, whatever the reclaim time."""
         reward = self.proc("reward")
         logs = sorted(self.s.log_dir.glob("policy*.log"))
         if not fault.detail:
@@ -267,7 +271,7 @@ class Chaos:
                                 failed=sorted(fault.detail["failed_delivery"]))
         done = [task for task in fault.detail["failed"] if self.done(task)]
         waited = time.monotonic() - fault.detail["killed_at"]
-        if len(done) < len(fault.detail["failed"]) and waited < self.reclaim_ms / 1000:
+        if len(done) < len(fault.detail["failed"]) and waited < self.reclaim_ms / 1000 + TAKE_OVER_S:
             return
         fault.detail.update(trained_again=len(done), trained_again_within_s=round(waited, 1),
                             reward_back=reward.alive())
@@ -365,6 +369,25 @@ class Chaos:
             return [f.get(b"reason", b"").decode() for _, f in client.xrange(PROMPTS + ":dead")]
         finally:
             client.close()
+
+    def tasks_of(self, entry_ids: list[str]) -> list[str]:
+        """The prompt (task) ids of the prompts stream's entries ``entry_ids``."""
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            return [fields[b"id"].decode() for e in entry_ids for _, fields in client.xrange(PROMPTS, e, e)]
+        finally:
+            client.close()
+
+    def produced_twice(self, task_ids: list[str]) -> int:
+        """How many rollouts of the prompts ``task_ids`` are in the rollouts stream more than once."""
+        assert self.s.redis is not None
+        client: Any = self.s.redis.client()
+        try:
+            ids = Counter(fields[b"id"].decode() for _, fields in client.xrange(ROLLOUTS))
+        finally:
+            client.close()
+        return sum(1 for rollout_id, n in ids.items() if n > 1 and rollout_id.rsplit("/", 1)[0] in task_ids)
 
     def rollouts_produced(self) -> int:
         assert self.s.redis is not None
@@ -581,16 +604,33 @@ class Chaos:
             worker.signal(signal.SIGSTOP)
             self._paused_at = time.monotonic()
             fault.detail["held"] = held
+            fault.detail["held_tasks"] = self.tasks_of(held)
             print(f"chaos: policy-1 SIGSTOPped holding {len(held)} prompts", flush=True)
             return
-        if time.monotonic() - self._paused_at < self.reclaim_ms / 1000 + 15:
+        if "paused_s" in fault.detail:
+            # Resumed: the fault ends once both copies of a held prompt are produced (the taker's and the
+            # paused worker's late one), so that the next fault (a worker killed) does not kill the taker
+            # first; or TAKE_OVER_S after the resume.
+            fault.detail["produced_twice"] = self.produced_twice(fault.detail["held_tasks"])
+            resumed = time.monotonic() - self._paused_at - fault.detail["paused_s"]
+            if not fault.detail["produced_twice"] and resumed < TAKE_OVER_S:
+                return
+            fault.done = True
+            print(f"chaos: {fault.detail['produced_twice']} rollouts of the paused worker's prompts produced twice, "
+                  f"{resumed:.1f} s after its resume", flush=True)
             return
-        # A stopped worker acknowledges nothing: what it no longer holds, the other one took over.
+        paused = time.monotonic() - self._paused_at
+        if paused < self.reclaim_ms / 1000:
+            return
+        # A stopped worker acknowledges nothing: what it no longer holds, the other one took over. The other
+        # replica reclaims only when it has room, which a rollout of its own can take a while to leave: the pause
+        # lasts until every held prompt is taken over, or TAKE_OVER_S past the reclaim time.
         still = set(self.pending("policy-1"))
         fault.detail["taken_over"] = sum(e not in still for e in fault.detail["held"])
+        if fault.detail["taken_over"] < len(fault.detail["held"]) and paused < self.reclaim_ms / 1000 + TAKE_OVER_S:
+            return
         worker.signal(signal.SIGCONT)
         fault.detail["paused_s"] = round(time.monotonic() - self._paused_at, 1)
-        fault.done = True
         print(f"chaos: policy-1 resumed after {fault.detail['paused_s']} s", flush=True)
 
     def _kill_worker(self, fault: Fault) -> None:
@@ -878,10 +918,13 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             reward.get("score_failed") is True and bool(reward.get("state_when_said"))
             and all(went_back(state, reward["failed_delivery"][task]) for task, state in
                     reward["state_when_said"].items())
-            and reward.get("trained_again") == len(reward.get("failed", [])) > 0
-            and reward.get("trained_again_within_s", math.inf) < chaos.reclaim_ms / 1000,
-        "no prompt waited for the reclaim time but the paused worker's (only policy-1's were taken over)":
-            bool(takeovers) and all(t["from"] == "policy-1" for t in takeovers),
+            and reward.get("trained_again") == len(reward.get("failed", [])) > 0,
+        # A killed replica's successor hands its predecessor's prompts back when it first takes, once its engine
+        # is up: where that restart outlasts the reclaim time (a short --reclaim-ms), the other replica takes
+        # them over first, as it should.
+        "no prompt waited for the reclaim time but those of the paused worker (policy-1) or of a replica killed "
+        "for longer than the reclaim time":
+            bool(takeovers) and all(t["from"] in waited_out(fault, chaos.reclaim_ms) for t in takeovers),
         "the trainer rode out the Redis restart (same process, next update)":
             fault["redis killed"].get("same_trainer") is True,
         "a replica killed half-way through a weight load loaded the current version, same trainer":
@@ -910,6 +953,13 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
 
 
 FIRST = re.compile(r"first prompts taken at ([0-9.]+) serving v(\d+) \(sha256 ([0-9a-f]+)\)")
+
+
+def waited_out(fault: dict[str, dict[str, Any]], reclaim_ms: int) -> set[str]:
+    """The consumers whose prompts may rightly be taken over after the reclaim time: the paused worker's
+    (policy-1), and the worker killed, where its successor took longer than the reclaim time to come back."""
+    killed = fault["worker killed"].get("caught_up_after_s", 0)
+    return {"policy-1"} | ({"policy"} if killed > reclaim_ms / 1000 else set())
 
 
 def went_back(state: str, failed_delivery: int) -> bool:
