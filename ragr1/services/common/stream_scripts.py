@@ -43,11 +43,9 @@ for i = 3, #ARGV do
   if #row > 0 then mine[#mine + 1] = ARGV[i] end
 end
 if #mine == 0 then return 0 end
-local n = #mine
 -- Lua passes every value of unpack() only where it ends the argument list: JUSTID goes at the end of the table.
-mine[n + 1] = 'JUSTID'
-redis.call('XCLAIM', stream, group, me, 0, unpack(mine))
-return n
+mine[#mine + 1] = 'JUSTID'
+return #redis.call('XCLAIM', stream, group, me, 0, unpack(mine))
 """
 
 # Parks entries pending under ARGV[2] under ARGV[3] (HANDED_BACK), idle ARGV[4] ms (so due when that says), their
