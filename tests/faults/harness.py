@@ -239,7 +239,8 @@ class Chaos:
         handed its prompts back (or REWARD_PAUSE_S passed), then SIGKILLed and restarted by the supervisor (a call
         in flight then fails too). Every scoring failure the workers log from the pause until COLLECT_S after the
         kill is recorded with where its prompts were when it was logged; done once each of those prompts is
-        trained again (acknowledged by a worker), or TAKE_OVER_S past the reclaim time. That they went back at once,
+        trained again (acknowledged by a worker), or TAKE_OVER_S past the reclaim time (the audit then asks the last
+        checkpoint whether they were trained by the run's end: trainer kills may follow). That they went back at once,
         not after the reclaim time, is where each was when its failure was logged (``went_back``); how soon they
         are trained again is a restart, a rollout and an update, whatever the reclaim time."""
         reward = self.proc("reward")
@@ -918,7 +919,7 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             reward.get("score_failed") is True and bool(reward.get("state_when_said"))
             and all(went_back(state, reward["failed_delivery"][task]) for task, state in
                     reward["state_when_said"].items())
-            and reward.get("trained_again") == len(reward.get("failed", [])) > 0,
+            and len(reward.get("failed", [])) > 0 and all(task in by_task for task in reward["failed"]),
         # A killed replica's successor hands its predecessor's prompts back when it first takes, once its engine
         # is up: where that restart outlasts the reclaim time (a short --reclaim-ms), the other replica takes
         # them over first, as it should.
