@@ -322,6 +322,8 @@ def test_a_live_consumer_keeps_its_lease_by_renewing_it_and_loses_it_once_it_sto
     assert f"b took over 1 entries from a, idle for {threshold_ms} ms or more" in caplog.text
     assert a.renew([work.entry_id]) == 0
     assert [r["consumer"] for r in redis_client.xpending_range(PROMPTS, "workers", "-", "+", 10)] == [b"b"]
+
+
 def test_a_renewal_keeps_the_lease_on_every_entry_it_names(redis_client: redis.Redis) -> None:
     """A worker holds a running prompt and one waiting for room: one renewal keeps both, so the other consumer
     reclaims neither past the threshold (a renewal that kept only the first let the waiting prompt run twice)."""

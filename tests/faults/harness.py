@@ -127,7 +127,8 @@ COLLECT_S = 30
 # A worker's log line when it hands back prompts after a failed delivery (ragr1/services/policy/worker.py).
 RETRIED = re.compile(r"prompts (.+?) handed back after their failed delivery (\d+) \((\w+): ")
 # A consumer's log line when it took over entries whose owner stopped renewing its lease (common/streams.py).
-TOOK_OVER = re.compile(r"prompts: (\S+) took over (.+?), idle for (\d+) ms or more")
+# Its time is the log line's (logging's asctime: local time, milliseconds after the comma).
+TOOK_OVER = re.compile(r"^(\S+ \S+),(\d+) .*?prompts: (\S+) took over (.+?), idle for (\d+) ms or more", re.M)
 # How long past the reclaim time a stopped worker's prompts may wait for the other replica to have room (a
 # rollout and an update on two busy cores), and a failed Score call's prompts to be trained again.
 TAKE_OVER_S = 120
@@ -149,6 +150,16 @@ class Fault:
     at_version: int  # not before the trainer has made this many updates
     done: bool = False
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Wall-clock seconds: when it was first acted on, and when it was over (``Chaos.step``).
+    began: float | None = None
+    ended: float | None = None
+
+
+# The faults that take a replica out of service, and which: while one is under way, that replica's prompts may
+# rightly idle past the reclaim time and be taken over. No other take-over is a fault's.
+OUT_OF_SERVICE = {"worker paused past the reclaim time": "policy-1", "worker killed": "policy",
+                  "load killed half-way through": "policy-1", "engine stopped": "policy-1",
+                  "replica scaled away": "policy-1"}
 
 
 class Chaos:
@@ -233,6 +244,10 @@ class Chaos:
         settled = trainer.alive() and time.monotonic() - self.started_at > 30
         if fault is not None and version >= fault.at_version and (busy or settled):
             getattr(self, "_" + fault.name.split()[0])(fault)
+            if fault.began is None and fault.detail:
+                fault.began = time.time()
+            if fault.done:
+                fault.ended = time.time()
 
     def _reward(self, fault: Fault) -> None:
         """The reward service paused while the workers hold prompts, until a worker says a Score call failed and
@@ -380,12 +395,13 @@ class Chaos:
         finally:
             client.close()
 
-    def produced_twice(self, task_ids: list[str]) -> int:
-        """How many rollouts of the prompts ``task_ids`` are in the rollouts stream more than once."""
+    def produced_twice(self, task_ids: list[str], since_ms: int) -> int:
+        """How many rollouts of the prompts ``task_ids`` the rollouts stream holds more than once among its entries
+        since ``since_ms`` (Redis's clock, this machine's): prompts held unacknowledged then had produced none."""
         assert self.s.redis is not None
         client: Any = self.s.redis.client()
         try:
-            ids = Counter(fields[b"id"].decode() for _, fields in client.xrange(ROLLOUTS))
+            ids = Counter(fields[b"id"].decode() for _, fields in client.xrange(ROLLOUTS, min=f"{since_ms}-0"))
         finally:
             client.close()
         return sum(1 for rollout_id, n in ids.items() if n > 1 and rollout_id.rsplit("/", 1)[0] in task_ids)
@@ -606,13 +622,14 @@ class Chaos:
             self._paused_at = time.monotonic()
             fault.detail["held"] = held
             fault.detail["held_tasks"] = self.tasks_of(held)
+            fault.detail["paused_ms"] = int(time.time() * 1000)
             print(f"chaos: policy-1 SIGSTOPped holding {len(held)} prompts", flush=True)
             return
         if "paused_s" in fault.detail:
             # Resumed: the fault ends once both copies of a held prompt are produced (the taker's and the
             # paused worker's late one), so that the next fault (a worker killed) does not kill the taker
             # first; or TAKE_OVER_S after the resume.
-            fault.detail["produced_twice"] = self.produced_twice(fault.detail["held_tasks"])
+            fault.detail["produced_twice"] = self.produced_twice(fault.detail["held_tasks"], fault.detail["paused_ms"])
             resumed = time.monotonic() - self._paused_at - fault.detail["paused_s"]
             if not fault.detail["produced_twice"] and resumed < TAKE_OVER_S:
                 return
@@ -890,7 +907,8 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "a replica's first prompts met the trainer's starting weights, not its own model":
             any(f["version"] == 0 and f["ok"] for f in firsts),
         "duplicates were produced (the paused worker's late copies) and none trained twice":
-            sum(1 for c in produced.values() if c > 1) > 0 and len(trained) == len(set(trained)),
+            fault["worker paused past the reclaim time"].get("produced_twice", 0) > 0
+            and len(trained) == len(set(trained)),
         "rollouts of both replicas were trained": trained_by["policy"] > 0 and trained_by["policy-1"] > 0,
         "each replica's rollout versions never go back (one version per rollout, newer weights after a restart)":
             all(v == sorted(v) for v in versions.values()),
@@ -922,10 +940,9 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
             and len(reward.get("failed", [])) > 0 and all(task in by_task for task in reward["failed"]),
         # A killed replica's successor hands its predecessor's prompts back when it first takes, once its engine
         # is up: where that restart outlasts the reclaim time (a short --reclaim-ms), the other replica takes
-        # them over first, as it should.
-        "no prompt waited for the reclaim time but those of the paused worker (policy-1) or of a replica killed "
-        "for longer than the reclaim time":
-            bool(takeovers) and all(t["from"] in waited_out(fault, chaos.reclaim_ms) for t in takeovers),
+        # them over first, as it should; so do a paused or stalled replica's. A live, healthy one's, never.
+        "no prompt waited for the reclaim time but those of a replica a fault had out of service at the time":
+            bool(takeovers) and all(out_of_service(t, chaos.faults) for t in takeovers),
         "the trainer rode out the Redis restart (same process, next update)":
             fault["redis killed"].get("same_trainer") is True,
         "a replica killed half-way through a weight load loaded the current version, same trainer":
@@ -949,18 +966,19 @@ def audit(supervisor: Supervisor, updates: int, templates: int, chaos: Chaos) ->
         "restarts": restarts,
         "trainer_kills": chaos.trainer_kills,
         "faults": {f.name: {k: v for k, v in f.detail.items() if k not in ("held", "trainer_pid")}
-                   | {"held": len(f.detail.get("held", []))} for f in chaos.faults},
+                   | {"held": len(f.detail.get("held", [])), "began": f.began, "ended": f.ended}
+                   for f in chaos.faults},
     }
 
 
 FIRST = re.compile(r"first prompts taken at ([0-9.]+) serving v(\d+) \(sha256 ([0-9a-f]+)\)")
 
 
-def waited_out(fault: dict[str, dict[str, Any]], reclaim_ms: int) -> set[str]:
-    """The consumers whose prompts may rightly be taken over after the reclaim time: the paused worker's
-    (policy-1), and the worker killed, where its successor took longer than the reclaim time to come back."""
-    killed = fault["worker killed"].get("caught_up_after_s", 0)
-    return {"policy-1"} | ({"policy"} if killed > reclaim_ms / 1000 else set())
+def out_of_service(takeover: dict[str, Any], faults: list[Fault]) -> bool:
+    """Whether a take-over came while a fault had the replica it took from out of service (``OUT_OF_SERVICE``),
+    from the fault's start to its end."""
+    return any(OUT_OF_SERVICE.get(f.name) == takeover["from"] and f.began is not None
+               and f.began <= takeover["at"] <= (f.ended if f.ended is not None else math.inf) for f in faults)
 
 
 def went_back(state: str, failed_delivery: int) -> bool:
@@ -971,14 +989,16 @@ def went_back(state: str, failed_delivery: int) -> bool:
 
 
 def took_over(supervisor: Supervisor) -> list[dict[str, Any]]:
-    """Every take-over of prompts whose owner had stopped renewing its lease, from the replicas' logs: who took
-    how many from whom."""
+    """Every take-over of prompts whose owner had stopped renewing its lease, from the replicas' logs: when (wall
+    clock), who took how many from whom."""
     out = []
     for log in sorted(supervisor.log_dir.glob("policy*.log")):
         for match in TOOK_OVER.finditer(log.read_text(errors="replace")):
-            for part in match[2].split(", "):
+            at = time.mktime(time.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + int(match[2]) / 1000
+            for part in match[4].split(", "):
                 count, _, owner = part.partition(" entries from ")
-                out.append({"by": match[1], "from": owner, "entries": int(count), "idle_ms": int(match[3])})
+                out.append({"at": round(at, 3), "by": match[3], "from": owner, "entries": int(count),
+                            "idle_ms": int(match[5])})
     return out
 
 
