@@ -1,13 +1,14 @@
-"""The fault harness's audit of take-overs, on log lines as the replicas write them: only a replica a fault had
-out of service at the time may lose prompts to a reclaim."""
+"""The fault harness's own rules: its audit of take-overs, on log lines as the replicas write them (only a replica
+a fault had out of service at the time may lose prompts to a reclaim), and where it ends the run."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.faults.harness import Fault, out_of_service, took_over
+from tests.faults.harness import FINAL_UPDATES, Chaos, Fault, out_of_service, took_over
 
 
 def _wall(hms: str) -> float:
@@ -35,3 +36,36 @@ def test_a_take_over_counts_only_while_a_fault_has_its_replica_out_of_service(tm
     assert not out_of_service(other, faults)  # no fault takes policy-2 out
     # A fault still under way covers what comes after its start.
     assert out_of_service(live, [Fault("worker killed", 5, False, {}, _wall("19:50:00"))])
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def alive(self) -> bool:
+        return not self.signals
+
+    def signal(self, number: int) -> None:
+        self.signals.append(number)
+
+
+def _chaos(updates: int) -> Chaos:
+    chaos = Chaos.__new__(Chaos)  # the end rule alone: no stack
+    chaos.updates, chaos.stop_at, chaos.stop_sent = updates, None, False
+    return chaos
+
+
+def test_the_run_ends_final_updates_after_its_last_fault_and_not_before_its_updates() -> None:
+    """However many updates the faults spanned (the machine's speed), the trainer is stopped FINAL_UPDATES past
+    the version at which the last one was over, once, with SIGTERM; and never before ``--updates``."""
+    chaos, trainer = _chaos(updates=12), _Trainer()
+    chaos._end(40, trainer)  # type: ignore[arg-type]
+    assert chaos.stop_at == 40 + FINAL_UPDATES and trainer.signals == []
+    chaos._end(40 + FINAL_UPDATES - 1, trainer)  # type: ignore[arg-type]
+    assert trainer.signals == []
+    chaos._end(40 + FINAL_UPDATES, trainer)  # type: ignore[arg-type]
+    chaos._end(40 + FINAL_UPDATES + 1, trainer)  # type: ignore[arg-type]
+    assert trainer.signals == [signal.SIGTERM]
+    early, trainer = _chaos(updates=12), _Trainer()
+    early._end(3, trainer)  # type: ignore[arg-type]
+    assert early.stop_at == 12
