@@ -10,7 +10,8 @@ at that point: a query is a supporting page's name that the question states (bot
 the subject of a PopQA question) or that a passage already shown states (a bridge entity); with neither, the
 question itself. Multi-query mode searches every such name of a round in one call, and in its first round,
 where the question leaves a page unnamed and a query's room is left, the question itself beside them (the
-broad query that may find that page at once); single-query mode searches one name a round. A round follows
+broad query that may find that page at once); single-query mode searches one name a round, its first think
+naming every page the question states and the one searched first. A round follows
 only for what the last one revealed, and none once an answer is in sight on a supporting page and every name
 the question states has been searched. An alias that only some other passage states does not end the search:
 a bridge question's first round often shows one beside passages that do not answer, and a trajectory that
@@ -215,6 +216,11 @@ class Searcher:
                 return "I need to search for the question."
             if question in queries:
                 return f"I need to know about {listed}, and to search the question."
+            stated = [self._query(n) for t, n in self._next if named_in(t, self.item.question) is not None]
+            if len(stated) > len(names):
+                # Single-query mode: the plan names every page the question states, so that the rounds that
+                # follow search the rest instead of answering after the first.
+                return f"I need to know about {' and '.join(stated)}. I search for {listed} first."
             return f"I need to know about {listed}."
         revealed = [q for q in queries if named_in(q, self.item.question) is None]
         if revealed:

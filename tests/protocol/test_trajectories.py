@@ -60,6 +60,14 @@ def test_a_comparison_searches_both_names_at_once_in_multi_mode_and_one_a_round_
     # In the order the question names them; it names every page, so the question itself is not searched.
     assert multi.rounds == [["Sigmund Jähn", "Christer Fuglesang"]]
     assert single.rounds == [["Sigmund Jähn"], ["Christer Fuglesang"]]
+    # Single-query mode's first think plans both rounds: the model is taught that a second search follows.
+    thinks = {s.mode: [text.split("</think>")[0] for text, generated in s.pieces() or [] if generated]
+              for s in (multi, single)}
+    assert thinks[Mode.SINGLE] == [
+        "<think> I need to know about Sigmund Jähn and Christer Fuglesang. I search for Sigmund Jähn first. ",
+        "<think> I still need to know about Christer Fuglesang. ",
+        "<think> The documents show the answer is Christer Fuglesang. "]
+    assert thinks[Mode.MULTI][0] == "<think> I need to know about Sigmund Jähn and Christer Fuglesang. "
     for s in (multi, single):
         pieces = s.pieces()
         assert pieces is not None
