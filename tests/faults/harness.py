@@ -12,7 +12,7 @@ faults come one after another as the trainer reaches their versions, and several
 worker's pause the reclaim time, the shard's five minutes) whatever the trainer does meanwhile, so how many
 updates they span is the machine's speed: the run is not a number of updates fixed in advance. The trainer runs
 until stopped (``max_updates`` 0), and once every fault is over and it has trained
-``FINAL_UPDATES`` more (and at least ``--updates`` in all) it is stopped as `ragr1 down` stops it: SIGTERM,
+``FINAL_UPDATES`` more (and at least ``--updates`` in all) it is stopped as `ragr1 up` stops it on Ctrl-C: SIGTERM,
 the update in hand finished, checkpointed and announced; the workers then finish what was admitted.
 
 The stack is `ragr1 up`'s (`ragr1.stack`: Redis with its append-only file, the retriever router and two
