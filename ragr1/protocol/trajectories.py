@@ -218,8 +218,8 @@ class Searcher:
                 return f"I need to know about {listed}, and to search the question."
             stated = [self._query(n) for t, n in self._next if named_in(t, self.item.question) is not None]
             if len(stated) > len(names):
-                # Single-query mode: the plan names every page the question states, so that the rounds that
-                # follow search the rest instead of answering after the first.
+                # Fewer queries than pages the question states (single-query mode's one): the plan names them
+                # all, so that the rounds that follow search the rest instead of answering after the first.
                 return f"I need to know about {' and '.join(stated)}. I search for {listed} first."
             return f"I need to know about {listed}."
         revealed = [q for q in queries if named_in(q, self.item.question) is None]
