@@ -171,8 +171,19 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         service = self._service
 
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            code = grpc.StatusCode.OK
             start = time.perf_counter()
+            recorded = False
+
+            def record(code: grpc.StatusCode) -> None:
+                # Before the status goes out on an error: a caller that reads /metrics once its call has
+                # failed must find it counted.
+                nonlocal recorded
+                if not recorded:
+                    recorded = True
+                    RPC_IN_FLIGHT.labels(service).dec()
+                    RPC_LATENCY.labels(service, method).observe(time.perf_counter() - start)
+                    RPC_REQUESTS.labels(service, method, code.name).inc()
+
             RPC_IN_FLIGHT.labels(service).inc()
             try:
                 if isinstance(request, _Undecodable):
@@ -180,29 +191,29 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                 result = inner(request, context)
                 if inspect.isawaitable(result):
                     result = await result
+                record(grpc.StatusCode.OK)
                 return result
             except errors.ServiceError as exc:
                 code = status_for(exc)
+                record(code)
                 await context.abort(code, str(exc))
             except asyncio.CancelledError:
                 remaining = context.time_remaining()
-                code = (
+                record(
                     grpc.StatusCode.DEADLINE_EXCEEDED
                     if remaining is not None and remaining <= 0
                     else grpc.StatusCode.CANCELLED
                 )
                 raise
             except grpc.aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
+                record(context.code() or grpc.StatusCode.UNKNOWN)
                 raise
             except Exception as exc:
                 log.exception("%s.%s failed", service, method)
-                code = grpc.StatusCode.INTERNAL
-                await context.abort(code, f"internal error: {type(exc).__name__}: {exc}")
+                record(grpc.StatusCode.INTERNAL)
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             finally:
-                RPC_IN_FLIGHT.labels(service).dec()
-                RPC_LATENCY.labels(service, method).observe(time.perf_counter() - start)
-                RPC_REQUESTS.labels(service, method, code.name).inc()
+                record(grpc.StatusCode.UNKNOWN)
 
         return behaviour
 
