@@ -342,7 +342,8 @@ class Encoder:
     it the export is taken from the cache, made there on first use. ``threads`` is the number of CPU
     threads one encode call may use (0: the runtime's default, every core). ``chunk_rows``: an ONNX
     backend runs a batch as length-sorted chunks of this many rows (0: the batch as it comes), on CPUs
-    only: a GPU wants the whole batch at once.
+    only: a GPU wants the whole batch at once. ``onnx-int8`` runs every row alone, on any device, so
+    that a text's vector does not depend on what it was batched with.
     """
 
     def __init__(
@@ -365,6 +366,12 @@ class Encoder:
             self._onnx = _OnnxRunner(export_dir or ensure_export(settings), settings, self.device, threads)
             if self.device != "cpu":
                 self.chunk_rows = 0
+            if settings.backend == "onnx-int8":
+                # Dynamic quantisation scales each call's activations by the call's largest value, so in a
+                # batch a row's embedding would depend on the rows beside it: the same query would rank
+                # passages otherwise as the retriever's traffic changes, and a seeded evaluation would not
+                # repeat. One row a call costs a CPU no arithmetic (the rows' work adds up either way).
+                self.chunk_rows = 1
             self.dim = self._onnx.dim
             return
         from sentence_transformers import SentenceTransformer, models  # type: ignore[attr-defined]
