@@ -3,14 +3,15 @@
     PYTHONPATH=. .venv/bin/python bench/retriever/int8_rows.py [--questions 96] [--rounds 20]
 
 The ``onnx-int8`` backend quantises each call's activations with one scale, so a row batched with others gets
-a vector that depends on them; ``Encoder`` therefore runs that backend's rows one a call. This script runs the
+a vector that depends on them; ``Encoder`` therefore runs that backend's queries one a call. This script runs the
 shipped all-MiniLM-L6-v2 export both ways in the same run (chunks of 8 rows, the float backends' rule, is the
 baseline) on the shipped questions and corpus, and prints:
 
 1. how far a question's vector moves between encoding it alone and in a batch of 8 and of 48 (the smallest
    cosine), and how many top-3 passage lists over the first ``--passages`` passages change with it;
 2. the time of a 1-, 3- and 48-question call at 1 thread (the router's default ``encoder_threads``) and at
-   every core, and of 64 passages of 128 tokens at every core (an index build): median ms of ``--rounds``
+   every core, and of 64 passages of 128 tokens at every core one a call (what running passages alone
+   would cost an index build, which keeps its chunks): median ms of ``--rounds``
    calls interleaved with the baseline's, and the ratio alone / chunked.
 """
 
@@ -37,8 +38,9 @@ def encoders(threads: int, max_passage_tokens: int = 0) -> tuple[Encoder, Encode
         settings = dataclasses.replace(settings, max_passage_tokens=max_passage_tokens)
     alone = Encoder(settings, device="cpu", threads=threads)
     chunked = Encoder(settings, device="cpu", threads=threads)
-    chunked.chunk_rows = CHUNK  # the rule an int8 encoder no longer follows: the baseline
-    assert alone.chunk_rows == 1
+    chunked.query_chunk_rows = CHUNK  # the rule an int8 encoder's queries no longer follow: the baseline
+    assert alone.query_chunk_rows == 1
+    alone.chunk_rows = 1  # passages: what one row a call would cost an index build
     return alone, chunked
 
 

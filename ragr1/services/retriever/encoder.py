@@ -342,8 +342,8 @@ class Encoder:
     it the export is taken from the cache, made there on first use. ``threads`` is the number of CPU
     threads one encode call may use (0: the runtime's default, every core). ``chunk_rows``: an ONNX
     backend runs a batch as length-sorted chunks of this many rows (0: the batch as it comes), on CPUs
-    only: a GPU wants the whole batch at once. ``onnx-int8`` runs every row alone, on any device, so
-    that a text's vector does not depend on what it was batched with.
+    only: a GPU wants the whole batch at once. ``onnx-int8`` runs every query alone, on any device, so
+    that a query's vector does not depend on what it was batched with.
     """
 
     def __init__(
@@ -359,6 +359,7 @@ class Encoder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.settings = settings
         self.chunk_rows = chunk_rows
+        self.query_chunk_rows: int | None = None  # None: chunk_rows
         self.device = pick_device(device) if settings.backend == "torch" else _onnx_device(device)
         self.batch_size = batch_size
         self._onnx: _OnnxRunner | None = None
@@ -368,10 +369,11 @@ class Encoder:
                 self.chunk_rows = 0
             if settings.backend == "onnx-int8":
                 # Dynamic quantisation scales each call's activations by the call's largest value, so in a
-                # batch a row's embedding would depend on the rows beside it: the same query would rank
-                # passages otherwise as the retriever's traffic changes, and a seeded evaluation would not
-                # repeat. One row a call costs a CPU no arithmetic (the rows' work adds up either way).
-                self.chunk_rows = 1
+                # batch a row's vector depends on the rows beside it: a query would get other passages as
+                # the retriever's traffic changed, and a seeded evaluation would not repeat. Queries run one
+                # a call. Passages keep their chunks: an index is built once, in the corpus's order, so its
+                # vectors are the same on every build, and one row a call would slow the build.
+                self.query_chunk_rows = 1
             self.dim = self._onnx.dim
             return
         from sentence_transformers import SentenceTransformer, models  # type: ignore[attr-defined]
@@ -392,9 +394,9 @@ class Encoder:
             self.model.half()
         self.dim = int(transformer.get_embedding_dimension())
 
-    def _encode(self, texts: Sequence[str], max_tokens: int, progress: bool) -> np.ndarray:
+    def _encode(self, texts: Sequence[str], max_tokens: int, progress: bool, chunk_rows: int) -> np.ndarray:
         if self._onnx is not None:
-            return self._encode_onnx(self._onnx, texts, max_tokens, progress)
+            return self._encode_onnx(self._onnx, texts, max_tokens, progress, chunk_rows)
         self.model.max_seq_length = max_tokens
         vectors = self.model.encode(
             list(texts),
@@ -404,9 +406,11 @@ class Encoder:
         )
         return np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(texts), self.dim)
 
-    def _encode_onnx(self, runner: _OnnxRunner, texts: Sequence[str], max_tokens: int, progress: bool) -> np.ndarray:
+    def _encode_onnx(
+        self, runner: _OnnxRunner, texts: Sequence[str], max_tokens: int, progress: bool, chunk_rows: int
+    ) -> np.ndarray:
         if len(texts) <= self.batch_size:
-            return runner.run(texts, max_tokens, self.chunk_rows)
+            return runner.run(texts, max_tokens, chunk_rows)
         # Longest first, as sentence-transformers does: batches of similar lengths pad least.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -414,16 +418,17 @@ class Encoder:
 
         for start in tqdm(range(0, len(texts), self.batch_size), disable=not progress, desc="batches"):
             rows = order[start : start + self.batch_size]
-            out[rows] = runner.run([texts[i] for i in rows], max_tokens, self.chunk_rows)
+            out[rows] = runner.run([texts[i] for i in rows], max_tokens, chunk_rows)
         return out
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         s = self.settings
-        return self._encode([s.query_prefix + q for q in queries], s.max_query_tokens, False)
+        rows = self.chunk_rows if self.query_chunk_rows is None else self.query_chunk_rows
+        return self._encode([s.query_prefix + q for q in queries], s.max_query_tokens, False, rows)
 
     def encode_passages(self, contents: Sequence[str], *, progress: bool = False) -> np.ndarray:
         s = self.settings
-        return self._encode([s.passage_prefix + c for c in contents], s.max_passage_tokens, progress)
+        return self._encode([s.passage_prefix + c for c in contents], s.max_passage_tokens, progress, self.chunk_rows)
 
 
 def _onnx_device(requested: str) -> str:
