@@ -5,21 +5,19 @@ A trajectory is a list of ``(text, generated)`` pieces: think + search (generate
 (generated). The prompt, the tags and the information layout all come from this package, so SFT teaches
 the token ids the policy's loop later shows the model.
 
-``Searcher`` decides, round by round, what a trajectory searches, by rule, from what the model could know
-at that point: a query is a supporting page's name that the question states (both entities of a comparison,
-the subject of a PopQA question) or that a passage already shown states (a bridge entity); with neither, the
-question itself. Multi-query mode searches every such name of a round in one call, and in its first round,
-where the question leaves a page unnamed and a query's room is left, the question itself beside them (the
-broad query that may find that page at once); single-query mode searches one name a round, its first think
-naming every page the question states and the one searched first. A round follows
-only for what the last one revealed, and none once an answer is in sight on a supporting page and every name
-the question states has been searched. An alias that only some other passage states does not end the search:
-a bridge question's first round often shows one beside passages that do not answer, and a trajectory that
-stopped there would teach answering from a passage the model cannot tell from the others, where reading the
-bridge entity's page is what the question needs. What comes back is whatever the retriever returns (the
-caller searches: this package imports no client), and a trajectory is kept only where the documents its blocks
-showed (cut to the per-query budget, as the model sees them) contain an answer alias, as trajectories of a real
-search would be filtered.
+``Searcher`` decides, round by round, what a trajectory searches, by rule, from what the model could know at
+that point: a query is a supporting page's name that the question states (both entities of a comparison, the
+subject of a PopQA question) or that a passage already shown states (a bridge entity); with neither, the
+question itself. Multi-query mode searches every such name of a round in one call; single-query mode searches
+one name a round, its first think naming every page the question states and the one searched first. A round
+follows only for what the last one revealed, and none once an answer is in sight on a supporting page and
+every name the question states has been searched. An alias that only some other passage states does not end
+the search: a bridge question's first round often shows one beside passages that do not answer, and a
+trajectory that stopped there would teach answering from a passage the model cannot tell from the others,
+where reading the bridge entity's page is what the question needs. What comes back is whatever the retriever
+returns (the caller searches: this package imports no client), and a trajectory is kept only where the
+documents its blocks showed (cut to the per-query budget, as the model sees them) contain an answer alias, as
+trajectories of a real search would be filtered.
 
 In multi-query mode RL's parser (``grammar.parse_action``, RAG-R1's split) cuts a search at every
 separator, so a name that holds one ("Paris, Texas") is searched with the separator replaced by a space;
@@ -170,15 +168,7 @@ class Searcher:
             return []
         if not self.rounds and not self._next:
             return [self._query(self.item.question)]  # nothing named yet: the question itself
-        queries = [self._query(name) for _, name in self._next[: self.max_queries]]
-        if not self.rounds and len(queries) < self.max_queries and not self._all_named():
-            # Room left in multi-query mode's first round, and a page the question does not name: the
-            # question itself beside the names, the broad query that may find it in the same round.
-            queries.append(self._query(self.item.question))
-        return queries
-
-    def _all_named(self) -> bool:
-        return all(named_in(title, self.item.question) is not None for title in self.item.gold)
+        return [self._query(name) for _, name in self._next[: self.max_queries]]
 
     def _query(self, text: str) -> str:
         text = search_query(text, self.separator) if self.mode is Mode.MULTI else " ".join(text.split())
@@ -214,8 +204,6 @@ class Searcher:
         if not self.rounds:
             if not names:
                 return "I need to search for the question."
-            if question in queries:
-                return f"I need to know about {listed}, and to search the question."
             stated = [self._query(n) for t, n in self._next if named_in(t, self.item.question) is not None]
             if len(stated) > len(names):
                 # Fewer queries than pages the question states (single-query mode's one): the plan names them
