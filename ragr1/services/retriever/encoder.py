@@ -359,7 +359,7 @@ class Encoder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.settings = settings
         self.chunk_rows = chunk_rows
-        self.query_chunk_rows: int | None = None  # None: chunk_rows
+        self.query_chunk_rows = chunk_rows
         self.device = pick_device(device) if settings.backend == "torch" else _onnx_device(device)
         self.batch_size = batch_size
         self._onnx: _OnnxRunner | None = None
@@ -367,6 +367,7 @@ class Encoder:
             self._onnx = _OnnxRunner(export_dir or ensure_export(settings), settings, self.device, threads)
             if self.device != "cpu":
                 self.chunk_rows = 0
+            self.query_chunk_rows = self.chunk_rows
             if settings.backend == "onnx-int8":
                 # Dynamic quantisation scales each call's activations by the call's largest value, so in a
                 # batch a row's vector depends on the rows beside it: a query would get other passages as
@@ -423,8 +424,7 @@ class Encoder:
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         s = self.settings
-        rows = self.chunk_rows if self.query_chunk_rows is None else self.query_chunk_rows
-        return self._encode([s.query_prefix + q for q in queries], s.max_query_tokens, False, rows)
+        return self._encode([s.query_prefix + q for q in queries], s.max_query_tokens, False, self.query_chunk_rows)
 
     def encode_passages(self, contents: Sequence[str], *, progress: bool = False) -> np.ndarray:
         s = self.settings
