@@ -358,23 +358,18 @@ class Encoder:
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.settings = settings
-        self.chunk_rows = chunk_rows
-        self.query_chunk_rows = chunk_rows
         self.device = pick_device(device) if settings.backend == "torch" else _onnx_device(device)
+        self.chunk_rows = 0 if settings.backend != "torch" and self.device != "cpu" else chunk_rows
+        # Dynamic quantisation scales each call's activations by the call's largest value, so in a batch a row's
+        # vector depends on the rows beside it: a query would get other passages as the retriever's traffic
+        # changed, and a seeded evaluation would not repeat. Queries run one a call. Passages keep their chunks:
+        # an index is built once, in the corpus's order, so its vectors are the same on every build, and one row
+        # a call would slow the build.
+        self.query_chunk_rows = 1 if settings.backend == "onnx-int8" else self.chunk_rows
         self.batch_size = batch_size
         self._onnx: _OnnxRunner | None = None
         if settings.backend != "torch":
             self._onnx = _OnnxRunner(export_dir or ensure_export(settings), settings, self.device, threads)
-            if self.device != "cpu":
-                self.chunk_rows = 0
-            self.query_chunk_rows = self.chunk_rows
-            if settings.backend == "onnx-int8":
-                # Dynamic quantisation scales each call's activations by the call's largest value, so in a
-                # batch a row's vector depends on the rows beside it: a query would get other passages as
-                # the retriever's traffic changed, and a seeded evaluation would not repeat. Queries run one
-                # a call. Passages keep their chunks: an index is built once, in the corpus's order, so its
-                # vectors are the same on every build, and one row a call would slow the build.
-                self.query_chunk_rows = 1
             self.dim = self._onnx.dim
             return
         from sentence_transformers import SentenceTransformer, models  # type: ignore[attr-defined]
