@@ -10,12 +10,13 @@ $(STAMP): pyproject.toml scripts/install.sh
 demo: $(STAMP)
 	bash scripts/main-job.sh
 
-# Two worker processes of one CPU thread each (tests/conftest.py says why one), whole modules per worker, modules
-# that share costly session fixtures on one worker, the longest first so that none starts last beside an idle
-# worker (tests/common/scheduling.py). `$(VENV)/bin/python -m pytest -q -m "not e2e"` runs the same tests in one
+# Three worker processes of one CPU thread each on two cores (tests/conftest.py says why one thread): a worker
+# spends part of its time waiting (a server starting, a timeout a test waits out), and a third keeps both cores
+# busy meanwhile. Whole modules per worker, modules that share costly session fixtures on one worker, the longest
+# first so that none starts last beside an idle worker (tests/common/scheduling.py). `$(VENV)/bin/python -m pytest -q -m "not e2e"` runs the same tests in one
 # process.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 3 --dist loadfile --no-loadscope-reorder
 
 # The whole commands end to end with every service and a vLLM engine (tests/e2e: `ragr1 demo --preset quick`
 # through SFT and RL; `ragr1 up` + `ragr1 eval`, then `ragr1 up` SIGKILLed). Minutes each, so not part of
