@@ -13,8 +13,8 @@ demo: $(STAMP)
 # Three worker processes of one CPU thread each on two cores (tests/conftest.py says why one thread): a worker
 # spends part of its time waiting (a server starting, a timeout a test waits out), and a third keeps both cores
 # busy meanwhile. Whole modules per worker, modules that share costly session fixtures on one worker, the longest
-# first so that none starts last beside an idle worker (tests/common/scheduling.py). `$(VENV)/bin/python -m pytest -q -m "not e2e"` runs the same tests in one
-# process.
+# first so that none starts last beside an idle worker (tests/common/scheduling.py).
+# `$(VENV)/bin/python -m pytest -q -m "not e2e"` runs the same tests in one process.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 3 --dist loadfile --no-loadscope-reorder
 
