@@ -6,7 +6,7 @@ the PPO update alone (against the whole loop step: feed prompts, read rollouts, 
 acknowledge).
 
     python bench/trainer/throughput.py [--sequences 4] [--response-tokens 128] [--steps 1]
-                                       [--variants "bf16 full,fp32 full"] [--no-queue]
+                                       [--variants "bf16 full,fp32 full"] [--no-queue] [--json PATH]
 
 Each variant's PPO update is also printed as a share of its SFT step's tokens/s (PPO/SFT): an update
 costs about 22/8 of a step's FLOPs per token (bench/gpu/mfu.py), so about 0.36 is what the arithmetic allows.
@@ -15,6 +15,7 @@ costs about 22/8 of a step's FLOPs per token (bench/gpu/mfu.py), so about 0.36 i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -166,6 +167,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {', '.join(VARIANTS)} (default all)")
     parser.add_argument("--no-queue", action="store_true", help="leave out the queue measurement")
+    parser.add_argument("--json", type=Path, help='also write the tokens/s here: {"sft": {variant: rate}, "ppo": ...}')
     parser.add_argument("--emulated-bf16", action="store_true",
                         help="time the bf16 rows on a CPU without native bfloat16 too (tens of times slower)")
     args = parser.parse_args()
@@ -201,10 +203,14 @@ def main() -> None:
         f"{mean_len:.0f} tokens each"
     )
     base = None
+    ppo_rates = {}
     for name, (bf16, lora) in variants.items():
         rate = ppo_tokens_per_second(model_dir, samples, bf16, lora, args.steps)
         base = base or rate
+        ppo_rates[name] = rate
         print(f"  {name:14s} {rate:7.1f} tokens/s  ({rate / base:.2f}x {first}; PPO/SFT {rate / sft_rates[name]:.3f})")
+    if args.json:
+        args.json.write_text(json.dumps({"sft": sft_rates, "ppo": ppo_rates}))
     if args.no_queue:
         return
     queue, update = queue_overhead(model_dir, samples, args.steps)

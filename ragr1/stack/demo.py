@@ -40,7 +40,7 @@ from ragr1.services.common.server import ServerConfig
 from ragr1.services.common.streams import PROMPTS, WORKERS, QueueConfig, StreamQueue
 from ragr1.services.policy.client import PolicyClient
 from ragr1.services.trainer.client import TrainerClient
-from ragr1.services.trainer.config import PPOConfig, SFTConfig
+from ragr1.services.trainer.config import NO_SIGNAL_EXIT_CODE, PPOConfig, SFTConfig
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import evaluate, report, stats, wiring
 from ragr1.stack.config import EvalSettings, StackConfig
@@ -180,6 +180,8 @@ class Demo:
         self.phases: dict[str, float] = {}
         self.stages: list[StageResult] = []
         self.gain_set: list[evaluate.Question] = []
+        # Set when RL ended before ``ppo.max_updates`` because an update found no group to train on.
+        self.rl_stopped: dict[str, Any] | None = None
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -306,8 +308,9 @@ class Demo:
         })
 
     def rl(self, supervisor: Supervisor, start_checkpoint: Path, start_version: int) -> int:
-        """The trainer as a service of the stack until it has made ``ppo.max_updates`` updates; returns the
-        version the policy then serves."""
+        """The trainer as a service of the stack until it has made ``ppo.max_updates`` updates, or until an update
+        found no group to train on (dynamic sampling's bound: the updates before it are evaluated, and the report
+        says where RL stopped); returns the version the policy then serves."""
         c = self.config
         self.rl_dir = self.directory / "rl"
         spec = self.rl_spec(start_checkpoint, start_version)
@@ -329,9 +332,22 @@ class Demo:
                     bar.update(version - start_version - done)
                     done = version - start_version
                 time.sleep(2)
-            bar.update(updates - done)
+            code = proc.process.returncode if proc.process else None
+            if code == 0:
+                bar.update(updates - done)
         trainer.close()
-        code = proc.process.returncode if proc.process else None
+        if code == NO_SIGNAL_EXIT_CODE:
+            # The trainer's records, not the status polls: it announced every version it recorded.
+            trained = len(StepLog(self.rl_dir / "steps.jsonl").read())
+            self.rl_stopped = {
+                "updates": trained, "max_updates": updates,
+                "reason": f"update {trained + 1} sampled {c.ppo.max_uniform_groups} groups (ppo.max_uniform_groups) "
+                          "and every one scored alike: no group to train on",
+                "log": str(proc.log_path),
+            }
+            print(f"RL stopped after {trained} of {updates} updates: {self.rl_stopped['reason']}; the policy of "
+                  f"the last is evaluated (the trainer's log: {proc.log_path})", flush=True)
+            return start_version + trained
         if code != 0:
             raise StackError(f"the trainer exited with code {code}; its log is {proc.log_path}")
         return target
@@ -422,6 +438,7 @@ class Demo:
             "gains_refused": refused,
             "held_out_gain": held_out,
             "policy_version": self.stages[-1].policy_version,
+            "rl_stopped": self.rl_stopped,
             "sft_checkpoint": str(sft_checkpoint),
             "sft_steps": sft_steps,
             "rl_steps": [{k: v for k, v in s.items() if k != "rollout_ids"} for s in rl_steps],
@@ -456,6 +473,9 @@ class Demo:
             print("RL seconds per update, collecting rollouts / updating / checkpointing: "
                   + " ".join(f"{s['queue_seconds']:.0f}/{s.get('update_seconds', 0.0):.0f}/{s['save_seconds']:.0f}"
                              for s in rl_steps), flush=True)
+        if self.rl_stopped:
+            print(f"RL stopped after {self.rl_stopped['updates']} of {self.rl_stopped['max_updates']} updates: "
+                  f"{self.rl_stopped['reason']}", flush=True)
         for r in refused:
             print(f"\nno paired gains {r['from']} -> {r['to']}: {r['reason']}", flush=True)
         print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)

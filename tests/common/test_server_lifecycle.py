@@ -13,7 +13,7 @@ import pytest
 
 from ragr1.errors import ServiceCallError
 from ragr1.services.common.client import HealthClient
-from ragr1.services.common.server import GrpcServer
+from ragr1.services.common.server import ExitWith, GrpcServer
 from ragr1.services.reward.config import RewardConfig
 from ragr1.services.trainer.loop import TrainerStatus
 from ragr1.services.trainer.servicer import TrainerServicer
@@ -71,6 +71,33 @@ def test_a_job_that_raises_stops_the_server_with_exit_code_1_and_says_which(
     assert asyncio.run(asyncio.wait_for(s.serve(), 30)) == 1
     assert cleaned == ["closed"]
     assert "lifecycle-test: the watchdog stopped the server: RuntimeError: the engine is gone" in caplog.text
+
+
+def test_a_job_that_exits_with_its_own_code_stops_the_server_with_it_unless_another_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def out_of_signal() -> None:
+        raise ExitWith(3, "no group to train on")
+
+    s = server()
+    s.beside(out_of_signal, "the training loop")
+    assert asyncio.run(asyncio.wait_for(s.serve(), 30)) == 3
+    assert "lifecycle-test: the training loop stopped the server (exit code 3): no group to train on" in caplog.text
+
+    # The chosen end first, then a job that fails as it is asked to stop: the failure decides, so a supervisor
+    # never reads a crash as the end a job chose.
+    asked = asyncio.Event()
+
+    async def fails_at_stop() -> None:
+        await asked.wait()
+        raise RuntimeError("the engine is gone")
+
+    s = server()
+    s.beside(out_of_signal, "the training loop")
+    s.beside(fails_at_stop, "the watchdog", stop=asked.set)
+    assert asyncio.run(asyncio.wait_for(s.serve(), 30)) == 1
+    with pytest.raises(ValueError, match="exit code 1 is"):
+        ExitWith(1, "a failure by another name")
 
 
 def test_on_sigterm_jobs_are_asked_to_finish_before_the_clean_ups_run() -> None:

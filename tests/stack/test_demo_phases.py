@@ -1,12 +1,14 @@
 """Which phases ``ragr1 demo`` runs: all of them, or, with ``--sft-checkpoint``, RL on an earlier SFT model
 without evaluating the base model or training SFT again. The stack and the policy are test doubles here
 (the whole recipe runs for real in tests/e2e/test_demo.py); this checks the recipe's order and the versions
-it announces, in a real Redis, for the replicas to load."""
+it announces, in a real Redis, for the replicas to load; and how RL's end is read from the trainer's exit code,
+the one that ran out of signal evaluated where it stopped."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,8 +18,11 @@ from safetensors.numpy import save_file
 
 from ragr1.services.common import fleet
 from ragr1.services.common.redis_server import RedisServer
+from ragr1.services.trainer.config import NO_SIGNAL_EXIT_CODE, PPOConfig
+from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import demo as demo_module
 from ragr1.stack.demo import Demo, DemoConfig
+from ragr1.stack.supervisor import StackError
 from ragr1.v1 import policy_pb2
 
 
@@ -125,3 +130,55 @@ def test_a_path_that_is_not_a_checkpoint_is_refused_before_anything_starts(tmp_p
     with pytest.raises(FileNotFoundError, match=r"sft_checkpoint .*empty: no config.json there"):
         DemoConfig(run_dir=str(tmp_path / "run"), sft_checkpoint=str(tmp_path / "empty"))
     assert not (tmp_path / "run").exists()
+
+
+class ExitedTrainer:
+    """The trainer's process once it has ended with ``code``."""
+
+    def __init__(self, code: int, log_path: Path) -> None:
+        self.process = SimpleNamespace(returncode=code)
+        self.log_path = log_path
+
+    def alive(self) -> bool:
+        return False
+
+
+class TrainerOnlySupervisor:
+    def __init__(self, code: int, log_path: Path) -> None:
+        self.trainer = ExitedTrainer(code, log_path)
+
+    def add(self, spec: Any) -> ExitedTrainer:
+        return self.trainer
+
+    def dead(self) -> list[str]:
+        return ["trainer"]  # the trainer's own end is not a death of the stack
+
+
+def _rl_after(code: int, updates_recorded: int, tmp_path: Path) -> tuple[Demo, int]:
+    ppo = PPOConfig(max_updates=6, batch_size=8, samples_per_prompt=4, max_uniform_groups=40)
+    config = DemoConfig(run_dir=str(tmp_path / "run"), ppo=ppo)
+    runner = Demo(config)
+    runner.rl_file = tmp_path / "rl.jsonl"
+    steps = StepLog(runner.directory / "rl" / "steps.jsonl")
+    for version in range(2, 2 + updates_recorded):
+        steps.write({"version": version})
+    return runner, runner.rl(TrainerOnlySupervisor(code, tmp_path / "trainer.log"), tmp_path / "sft", start_version=1)
+
+
+def test_rl_that_runs_out_of_signal_is_evaluated_where_it_stopped_and_the_report_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runner, version = _rl_after(NO_SIGNAL_EXIT_CODE, 4, tmp_path)
+    assert version == 5  # the SFT version and the four updates the trainer recorded and announced
+    assert runner.rl_stopped is not None
+    assert (runner.rl_stopped["updates"], runner.rl_stopped["max_updates"]) == (4, 6)
+    assert "update 5 sampled 40 groups (ppo.max_uniform_groups) and every one scored alike" in runner.rl_stopped[
+        "reason"]
+    assert "RL stopped after 4 of 6 updates" in capsys.readouterr().out
+
+
+def test_rl_whose_trainer_failed_or_finished_is_told_apart_from_one_out_of_signal(tmp_path: Path) -> None:
+    runner, version = _rl_after(0, 6, tmp_path / "finished")
+    assert version == 7 and runner.rl_stopped is None
+    with pytest.raises(StackError, match=r"the trainer exited with code 1; its log is .*trainer.log"):
+        _rl_after(1, 2, tmp_path / "failed")

@@ -20,6 +20,7 @@ from ragr1.services.common import fleet
 from ragr1.services.common.hashing import checkpoint_sha256
 from ragr1.services.common.streams import PROMPTS, ROLLOUTS, WORKERS, StreamQueue
 from ragr1.services.trainer.checkpoint import Checkpointer, policy_dir, size_bytes
+from ragr1.services.trainer.config import NO_SIGNAL_EXIT_CODE
 from ragr1.services.trainer.loop.ppo_loop import NoSignal, PPOLoop, check_rollout, to_sample
 from ragr1.services.trainer.model import collate
 from ragr1.services.trainer.publisher import WeightPublisher
@@ -367,6 +368,34 @@ def test_killed_trainer_resumes_and_trains_every_rollout_exactly_once(
     assert records[-1]["checkpoint"] == str(served) and records[-1]["weights_bytes"] == size_bytes(served) > 0
     assert int(redis_client.xpending(ROLLOUTS, "trainer")["pending"]) == 0
     assert (out / "curves.png").exists()
+
+
+def test_a_trainer_that_runs_out_of_signal_exits_with_its_own_code_and_keeps_what_it_trained(
+    redis_server, redis_client: redis.Redis, tiny_model_dir: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # What `ragr1 demo` reads to evaluate the updates made before dynamic sampling found nothing to train on,
+    # rather than fail the run: the code, the step records and the announced checkpoint of each update.
+    prompts = tmp_path / "qa.jsonl"
+    prompts.write_text(json.dumps({"question": "q?", "golden_answers": ["a"]}) + "\n")
+    produce(redis_client, [
+        make_rollout("a1", group="A", score=0.0), make_rollout("a2", group="A", score=1.0),  # a spread: update 1
+        *(make_rollout(f"{g.lower()}{i}", group=g, score=1.0) for g in ("B", "C") for i in (1, 2)),  # uniform
+    ])
+    out = tmp_path / "run"
+    result = run_train_ppo(
+        "--redis-url", redis_server.url, "--model", str(tiny_model_dir), "--output-dir", str(out),
+        "--prompts-file", str(prompts), "--port", "0", "--metrics-port", "0", "--no-bf16",
+        "--advantage", "grpo", "--batch-size", "2", "--mini-batch-size", "2", "--micro-batch-size", "2",
+        "--samples-per-prompt", "2", "--max-uniform-groups", "2", "--max-updates", "3", "--max-staleness", "100",
+        "--poll-ms", "100", timeout=240,
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == NO_SIGNAL_EXIT_CODE, stderr[-3000:]
+    assert "all 2 groups sampled for update 2 scored alike" in stderr and "stopped at version 1" in stderr
+    records = StepLog(out / "steps.jsonl").read()
+    assert [sorted(r["rollout_ids"]) for r in records] == [["a1", "a2"]]
+    latest = fleet.latest(redis_client)
+    assert latest is not None and latest.version == 1 and latest.path == records[0]["checkpoint"]
 
 
 @pytest.mark.parametrize("field", ["question", "golden_answers"])

@@ -218,6 +218,18 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         return behaviour
 
 
+class ExitWith(Exception):
+    """Raised by a job beside the server to stop it with exit code ``code``: an end its supervisor must tell
+    apart from a failure (1) and from a job that finished (0), such as training that stopped for want of
+    signal after updates it checkpointed."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        if code in (0, 1):
+            raise ValueError(f"exit code {code} is a finish (0) or a failure (1): pick another")
+        super().__init__(reason)
+        self.code = code
+
+
 @dataclasses.dataclass(frozen=True)
 class _Job:
     """See ``GrpcServer.beside``."""
@@ -272,7 +284,8 @@ class GrpcServer:
     ) -> None:
         """Work that runs while the server serves (a rollout worker, the training loop, a watchdog),
         started by ``serve``. When it ends the server stops: the service has nothing left to do (training
-        finished) or cannot go on (the engine died: it raises, and the exit code is 1). At shutdown,
+        finished) or cannot go on (the engine died: it raises, and the exit code is 1; ``ExitWith`` sets its
+        own). At shutdown,
         ``stop`` asks it to finish and it gets ``stop_seconds`` (None: as long as it takes) before it is
         cancelled; a job without ``stop`` is cancelled after the ``on_stop`` clean-ups."""
         self._jobs.append(_Job(job, name, stop, stop_seconds))
@@ -362,7 +375,8 @@ class GrpcServer:
     async def serve(self) -> int:
         """Starts, runs the jobs added with ``beside`` and serves until SIGTERM or SIGINT or until a job
         ends; then stops gracefully, runs the ``on_stop`` clean-ups in order and cancels the jobs still
-        running. Returns the process's exit code: 1 if a job raised (logged), else 0."""
+        running. Returns the process's exit code: 1 if a job raised (logged), else an ``ExitWith``'s code, else
+        0."""
         await self.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -393,11 +407,15 @@ class GrpcServer:
         return self._exit_code(jobs)
 
     def _exit_code(self, jobs: dict[asyncio.Task[Any], _Job]) -> int:
-        code = 0
+        failed, chosen = False, 0
         for task, job in jobs.items():
             exc = None if task.cancelled() else task.exception()
-            if exc is not None:
+            if isinstance(exc, ExitWith):
+                log.warning("%s: %s stopped the server (exit code %d): %s", self.name, job.name, exc.code, exc)
+                chosen = exc.code
+            elif exc is not None:
                 log.error("%s: %s stopped the server: %s: %s", self.name, job.name, type(exc).__name__, exc,
                           exc_info=exc)
-                code = 1
-        return code
+                failed = True
+        # A failure outranks a chosen end: the supervisor must not read a crash as the outcome a job chose.
+        return 1 if failed else chosen

@@ -21,6 +21,11 @@ DEVICES = ("auto", "cpu", "cuda")
 SHARDINGS = ("fsdp", "replicate")
 
 
+# The trainer's exit code when dynamic sampling found no group to train on: the end of the signal, not a failure
+# (1): the updates before it are checkpointed and announced, and a supervisor such as the demo evaluates them.
+NO_SIGNAL_EXIT_CODE = 3
+
+
 @dataclasses.dataclass
 class ModelSettings(Validated):
     help_group: ClassVar[str] = "model"
@@ -277,8 +282,8 @@ class PPOConfig(PPOSettings, HealthSettings, ServerConfig, QueueConfig):
         0,
         "dynamic sampling (DAPO's) and its bound: a batch takes only groups whose samples scored differently, "
         "and prompts are sampled until a batch of them is in or this many groups of equal scores were skipped "
-        "for the update (it then trains the ones it has; with none, training stops with an error, as DAPO's "
-        "does); 0 trains every group (RAG-R1's)",
+        "for the update (it then trains the ones it has; with none, training stops, as DAPO's does, with exit "
+        f"code {NO_SIGNAL_EXIT_CODE}, its checkpoints kept); 0 trains every group (RAG-R1's)",
     )
     max_staleness: int = setting(1, "drop rollouts more than this many versions behind the trainer")
     start_version: int = setting(

@@ -10,11 +10,11 @@ from pathlib import Path
 from ragr1 import shipped
 from ragr1.model_paths import policy_checkpoint
 from ragr1.services.common import fleet
-from ragr1.services.common.server import GrpcServer
+from ragr1.services.common.server import ExitWith, GrpcServer
 from ragr1.services.trainer.checkpoint import Checkpointer
-from ragr1.services.trainer.config import PPOConfig
+from ragr1.services.trainer.config import NO_SIGNAL_EXIT_CODE, PPOConfig
 from ragr1.services.trainer.data import load_tasks
-from ragr1.services.trainer.loop.ppo_loop import PPOLoop, TrainerStatus, Updater
+from ragr1.services.trainer.loop.ppo_loop import NoSignal, PPOLoop, TrainerStatus, Updater
 from ragr1.services.trainer.model import init_torch, training_device
 from ragr1.services.trainer.publisher import PublishError, StrandedAlarm, WeightPublisher, export_backlog
 from ragr1.services.trainer.servicer import TrainerServicer
@@ -76,6 +76,8 @@ async def build_server(config: PPOConfig) -> GrpcServer:
         except PublishError:
             log.error("trainer stopped at version %d", loop.version)
             raise
+        except NoSignal as exc:
+            raise ExitWith(NO_SIGNAL_EXIT_CODE, f"{exc}; stopped at version {loop.version}") from exc
         log.info("trainer stopped at version %d", version)
 
     # On SIGTERM the update in hand finishes and is checkpointed and announced: it can take minutes.
@@ -105,6 +107,7 @@ async def build_server(config: PPOConfig) -> GrpcServer:
 
 
 async def serve(config: PPOConfig) -> int:
-    """Trains until ``max_updates``; returns the exit code (1 when the policy replicas do not follow)."""
+    """Trains until ``max_updates``; returns the exit code (1 when the policy replicas do not follow,
+    ``NO_SIGNAL_EXIT_CODE`` when dynamic sampling found no group to train on)."""
     server = await build_server(config)
     return await server.serve()
