@@ -455,27 +455,9 @@ class Demo:
         print("\nby question type, the sources pooled:\n" + type_table(by_type), flush=True)
         print("\nmulti- against single-query mode on the same questions (95% intervals):\n"
               + mode_lines(modes), flush=True)
-        if rl_steps:
-            print(f"\nRL training batches ({self.config.reward} reward), per update: mean reward "
-                  + " ".join(f"{s['reward_total']:.3f}" for s in rl_steps)
-                  + "; exact match " + " ".join(f"{s['reward_exact_match']:.3f}" for s in rl_steps), flush=True)
-            if "signal_f1" in rl_steps[0]:  # groups of several samples
-                print("GRPO groups whose samples differ, per update: in F1 "
-                      + " ".join(f"{s['signal_f1']:.2f}" for s in rl_steps) + "; in exact match "
-                      + " ".join(f"{s['signal_exact_match']:.2f}" for s in rl_steps), flush=True)
-            if self.config.ppo.max_uniform_groups:
-                print("dynamic sampling, per update: groups trained (samples scored differently) / groups sampled "
-                      "to find them: " + " ".join(f"{s['groups_trained']}/{s['groups_sampled']}" for s in rl_steps)
-                      + "; mean reward of every sampled rollout, skipped groups included: "
-                      + " ".join(f"{s['reward_sampled']:.3f}" for s in rl_steps), flush=True)
-            # Where an update's time goes, from the trainer's own records: collecting (prompts fed, rollouts
-            # waited for and read), the PPO update, the checkpoint written and hashed.
-            print("RL seconds per update, collecting rollouts / updating / checkpointing: "
-                  + " ".join(f"{s['queue_seconds']:.0f}/{s.get('update_seconds', 0.0):.0f}/{s['save_seconds']:.0f}"
-                             for s in rl_steps), flush=True)
-        if self.rl_stopped:
-            print(f"RL stopped after {self.rl_stopped['updates']} of {self.rl_stopped['max_updates']} updates: "
-                  f"{self.rl_stopped['reason']}", flush=True)
+        for line in report.rl_lines(rl_steps, self.config.reward, self.config.ppo.max_uniform_groups > 0,
+                                    self.rl_stopped):
+            print(line, flush=True)
         for r in refused:
             print(f"\nno paired gains {r['from']} -> {r['to']}: {r['reason']}", flush=True)
         print("\npaired gains on the same questions (95% intervals; all: the sources pooled):", flush=True)

@@ -1,4 +1,5 @@
-"""The demo's report: latency distributions scraped from every service's ``/metrics``, and the plots."""
+"""The demo's report: latency distributions scraped from every service's ``/metrics``, the plots, and the lines
+that say what RL's updates did."""
 
 from __future__ import annotations
 
@@ -162,3 +163,32 @@ def plot_training(sft: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, A
     fig.savefig(target, dpi=80)
     plt.close(fig)
     return target
+
+
+def rl_lines(steps: Sequence[Mapping[str, Any]], reward: str, dynamic_sampling: bool,
+             stopped: Mapping[str, Any] | None) -> list[str]:
+    """RL's updates, one line a measure with a value per update, from the trainer's step records; and where RL
+    stopped, when it ran out of signal before its last update (``Demo.rl``)."""
+    lines = []
+    if steps:
+        lines.append(f"\nRL training batches ({reward} reward), per update: mean reward "
+                     + " ".join(f"{s['reward_total']:.3f}" for s in steps)
+                     + "; exact match " + " ".join(f"{s['reward_exact_match']:.3f}" for s in steps))
+        if "signal_f1" in steps[0]:  # groups of several samples
+            lines.append("GRPO groups whose samples differ, per update: in F1 "
+                         + " ".join(f"{s['signal_f1']:.2f}" for s in steps) + "; in exact match "
+                         + " ".join(f"{s['signal_exact_match']:.2f}" for s in steps))
+        if dynamic_sampling:
+            lines.append("dynamic sampling, per update: groups trained (samples scored differently) / groups "
+                         "sampled to find them: "
+                         + " ".join(f"{s['groups_trained']}/{s['groups_sampled']}" for s in steps)
+                         + "; mean reward of every sampled rollout, skipped groups included: "
+                         + " ".join(f"{s['reward_sampled']:.3f}" for s in steps))
+        # Where an update's time goes, from the trainer's own records: collecting (prompts fed, rollouts waited for
+        # and read), the PPO update, the checkpoint written and hashed.
+        lines.append("RL seconds per update, collecting rollouts / updating / checkpointing: "
+                     + " ".join(f"{s['queue_seconds']:.0f}/{s.get('update_seconds', 0.0):.0f}/{s['save_seconds']:.0f}"
+                                for s in steps))
+    if stopped:
+        lines.append(f"RL stopped after {stopped['updates']} of {stopped['max_updates']} updates: {stopped['reason']}")
+    return lines

@@ -21,6 +21,7 @@ from ragr1.services.common.redis_server import RedisServer
 from ragr1.services.trainer.config import NO_SIGNAL_EXIT_CODE, PPOConfig
 from ragr1.services.trainer.steplog import StepLog
 from ragr1.stack import demo as demo_module
+from ragr1.stack import report
 from ragr1.stack.demo import Demo, DemoConfig
 from ragr1.stack.supervisor import StackError
 from ragr1.v1 import policy_pb2
@@ -175,6 +176,9 @@ def test_rl_that_runs_out_of_signal_is_evaluated_where_it_stopped_and_the_report
     assert "update 5 sampled 40 groups (ppo.max_uniform_groups) and every one scored alike" in runner.rl_stopped[
         "reason"]
     assert "RL stopped after 4 of 6 updates" in capsys.readouterr().out
+    # And the report's RL lines end with it.
+    last = report.rl_lines([], "em", True, runner.rl_stopped)[-1]
+    assert last.startswith("RL stopped after 4 of 6 updates: update 5")
 
 
 def test_rl_whose_trainer_failed_or_finished_is_told_apart_from_one_out_of_signal(tmp_path: Path) -> None:
