@@ -151,9 +151,6 @@ class TrainerOnlySupervisor:
     def add(self, spec: Any) -> ExitedTrainer:
         return self.trainer
 
-    def dead(self) -> list[str]:
-        return ["trainer"]  # the trainer's own end is not a death of the stack
-
 
 def _rl_after(code: int, updates_recorded: int, tmp_path: Path) -> tuple[Demo, int]:
     ppo = PPOConfig(max_updates=6, batch_size=8, samples_per_prompt=4, max_uniform_groups=40)
